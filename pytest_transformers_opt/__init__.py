@@ -1,0 +1,15 @@
+"""pytest-transformers-opt: make Hugging Face Transformers inference optimizations testable."""
+
+from __future__ import annotations
+
+from . import techniques
+from .errors import OptConfigError, OptProofError, OptTechniqueConflict
+from .loading import OptModel
+from .results import OptResult, SideMetrics, Workload
+from .similarity import Similarity
+from .techniques import Technique, TechniqueSpec
+
+__version__ = "0.1.0"
+
+__all__ = ["techniques", "Technique", "TechniqueSpec", "OptModel", "OptResult", "SideMetrics", "Similarity",
+           "Workload", "OptConfigError", "OptProofError", "OptTechniqueConflict", "__version__"]

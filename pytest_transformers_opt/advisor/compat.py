@@ -1,0 +1,139 @@
+"""Compatibility of a proposed configuration with the model and the hardware.
+
+``compatibility_questions`` turns what is known (the stated workload, and the plugin's probed
+hardware facts when it has them) into the questions that remain open. A fact that settles a
+question removes it; a fact that rules the technique out becomes a blocker line.
+
+``hardware`` keys (all optional): device ("cpu"/"cuda"), gpu_name, compute_capability ("9.0"),
+gpu_memory_bytes, bf16_supported, versions (dict: package name -> version or None = not installed).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from .change import Change, parse_technique
+from .model_config import ModelShape
+from .workload import Workload, merge_hardware, parse_compute_capability
+
+FLASH_MIN_CC = {"flash_attention_2": (8, 0), "flash_attention_3": (9, 0)}
+_PACKAGES = {  # technique -> (distribution name, why it is needed)
+    "bnb_8bit": ("bitsandbytes", "bitsandbytes quantizes the weights"),
+    "bnb_4bit": ("bitsandbytes", "bitsandbytes quantizes the weights"),
+    "flash_attention_2": ("flash-attn", "the flash-attn package provides the kernel"),
+    "flash_attention_3": ("flash_attn_3", "the flash_attn_3 package provides the kernel"),
+    "kernels": ("kernels", "the kernels library loads hub kernels"),
+}
+
+
+def _facts(workload: Workload, hardware: dict[str, Any] | None) -> tuple[str | None, tuple[int, int] | None,
+                                                                         dict[str, str | None], Any]:
+    merged = merge_hardware(workload, hardware)
+    device = merged.device or ("cuda" if merged.gpu_memory_bytes or merged.compute_capability else None)
+    cc = parse_compute_capability(merged.compute_capability) if merged.compute_capability else None
+    bf16 = (hardware or {}).get("bf16_supported")
+    return device, cc, dict(merged.versions), bf16
+
+
+def flash_attention_capable(workload: Workload, hardware: dict[str, Any] | None = None,
+                            name: str = "flash_attention_2") -> bool | None:
+    """True when the GPU is known to be capable, False when known not to be, None when unknown."""
+    device, cc, _, _ = _facts(workload, hardware)
+    if device == "cpu":
+        return False
+    if cc is None:
+        return None
+    return cc >= FLASH_MIN_CC.get(name, (8, 0))
+
+
+def _package_question(name: str, versions: dict[str, str | None], what: str) -> str | None:
+    if name in versions and versions[name] is None:
+        return f"{name} is not installed ({what}): install it, or the test will be skipped."
+    if versions.get(name):
+        return None  # installed: settled
+    return f"Is {name} installed where the model runs ({what})?"
+
+
+def compatibility_questions(workload: Workload, techniques: Iterable[Change | str],
+                            hardware: dict[str, Any] | None = None,
+                            shape: ModelShape | None = None) -> list[str]:
+    """Open compatibility questions (and known blockers) for running ``techniques`` on this workload."""
+    device, cc, versions, bf16 = _facts(workload, hardware)
+    revision = workload.revision or "the revision you deploy"
+    model = workload.model or (shape.name if shape else "the model")
+    dtype = workload.dtype
+    out: list[str] = []
+    for item in techniques:
+        change = parse_technique(item) if isinstance(item, str) else item
+        name = change.name
+        if name in _PACKAGES:
+            package, why = _PACKAGES[name]
+            question = _package_question(package, versions, why)
+            if question:
+                out.append(question)
+        if name in ("bnb_8bit", "bnb_4bit"):
+            if device == "cpu":
+                out.append("Does your bitsandbytes build support CPU for this model? Its CUDA backend is the "
+                           "tested path.")
+            else:
+                out.append("Is bitsandbytes installed with CUDA support for this GPU and driver?")
+            if name == "bnb_4bit" and bf16 is False:
+                out.append("The GPU lacks bf16: set compute_dtype=\"float16\" for bnb_4bit.")
+        elif name in FLASH_MIN_CC:
+            need = FLASH_MIN_CC[name]
+            if device == "cpu":
+                out.append(f"{name} needs a CUDA GPU of compute capability >= {need[0]}.{need[1]}; found: cpu.")
+            elif cc is None:
+                out.append(f"Is the GPU compute capability >= {need[0]}.{need[1]} (needed by {name})?")
+            elif cc < need:
+                out.append(f"{name} needs compute capability >= {need[0]}.{need[1]}; found {cc[0]}.{cc[1]}.")
+            if dtype == "float32":
+                out.append(f"{name} runs in float16 or bfloat16 only; the stated dtype is float32.")
+            out.append(f"Does {model} at {revision} support {name} (the model class's _supports_flash_attn)?")
+        elif name in ("sdpa", "flex_attention"):
+            out.append(f"Does {model} at {revision} support {name} (attn_implementation=\"{name}\")?")
+        elif name == "quantized_cache":
+            backend = str(change.params.get("backend", "quanto"))
+            package = "optimum-quanto" if backend == "quanto" else backend
+            question = _package_question(package, versions, f"the {backend} backend of the quantized cache")
+            if question:
+                out.append(question)
+            out.append(f"Does {model} use a standard KV cache (no hybrid or linear-attention layers) that "
+                       f"QuantizedCache can replace?")
+        elif name in ("offloaded_cache", "offloaded_static_cache"):
+            if device == "cpu":
+                out.append(f"{name} moves the cache from a GPU to CPU RAM; on a CPU-only run it saves nothing.")
+            if workload.cpu_memory_bytes is None:
+                out.append("Is there enough CPU RAM to hold the whole offloaded KV cache (--cpu-memory)?")
+        elif name == "sliding_window_cache":
+            if shape is not None and shape.sliding_window is None:
+                out.append(f"The config of {model} has no sliding_window: was it trained with sliding "
+                           f"window attention? Without it the cache is not capped.")
+            else:
+                out.append(f"Was {model} trained with sliding window attention over every layer?")
+        elif name == "compile":
+            if device == "cpu":
+                out.append("Is a C++ compiler available for torch.compile's CPU backend (inductor)?")
+            else:
+                out.append("Is triton installed for this GPU (torch.compile's inductor backend)?")
+            out.append(f"Does {model} compile without graph breaks on torch "
+                       f"{versions.get('torch') or '(version not given)'}?")
+            out.append("Do the inputs keep fixed shapes (padded lengths, fixed batch)? Each new shape recompiles.")
+        elif name == "continuous_batching":
+            out.append(f"Does transformers {versions.get('transformers') or '(version not given)'} provide "
+                       f"generate_batch() with ContinuousBatchingConfig for {model}?")
+            out.append("Can the serving code submit requests through generate_batch() instead of generate()?")
+        elif name == "tensor_parallel":
+            size = change.params.get("tp_size", 2)
+            out.append(f"Are {size} GPUs available on one node, with torch.distributed (NCCL) and torchrun?")
+            out.append(f"Does {model} define a tensor-parallel plan (base_model_tp_plan) at {revision}?")
+            if shape is not None and (shape.num_kv_heads % int(size) or shape.num_heads % int(size)):
+                out.append(f"The head counts ({shape.num_heads} query, {shape.num_kv_heads} KV) are not "
+                           f"divisible by tp_size={size}.")
+        elif name == "kernels":
+            out.append("Does the hub offer a kernel for this GPU, and can the machine reach the hub or a "
+                       "local kernel cache?")
+    if not versions:
+        out.append("Which torch and transformers versions run in production? Support for each technique "
+                   "depends on them.")
+    return list(dict.fromkeys(out))  # keep order, drop repeats

@@ -1,0 +1,369 @@
+"""The next recommendation from what an earlier run measured (a ``--opt-report-json`` file).
+
+Measured figures are shown as measured, with the hardware they were measured on, and they decide
+the next step: a lossy technique that met memory but missed a similarity budget steps back to a
+less lossy one (bnb_4bit -> bnb_8bit); a memory failure steps to the next memory technique; a
+speed failure to the next speed technique; a run that passed moves on (continuous batching for
+concurrent serving) or says that no further change is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import OptConfigError
+from .advice import Advice, Figure
+from .change import Change, find, parse_technique, replace_family
+from .compat import compatibility_questions, flash_attention_capable
+from .docs import default_similarity, documentation_for
+from .estimates import normalize_dtype, weight_bytes
+from .model_config import ModelShape, load_model_shape
+from .recommend import max_batch_tokens_for, recommend, title_for
+from .workload import Workload, resolve
+
+REPORT_SCHEMA = "pytest-transformers-opt/report"
+REPORT_VERSION = 1
+MEMORY_BUDGETS = ("max_memory", "max_memory_ratio")
+SIMILARITY_BUDGETS = ("max_kl", "min_top1", "min_token_match")
+SPEED_BUDGETS = ("max_ttft", "max_tpot", "max_latency", "min_throughput", "min_speedup")
+_OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cannot allocate memory", re.I)
+_METRICS = (("peak_memory_bytes", "peak memory", "bytes"), ("latency_s", "latency (median)", "s"),
+            ("ttft_s", "time to first token", "s"), ("tpot_s", "time per output token", "s"),
+            ("throughput_tok_s", "throughput", "tok/s"), ("load_time_s", "load time", "s"),
+            ("compile_time_s", "compile time", "s"))
+_BUDGET_UNITS = {"max_memory": "bytes", "max_ttft": "s", "max_tpot": "s", "max_latency": "s",
+                 "min_throughput": "tok/s", "min_speedup": "x"}
+
+
+# ---------------------------------------------------------------- reading
+
+def validate_report(report: Any, what: str = "--from-report") -> dict[str, Any]:
+    """The report itself, or ``OptConfigError`` saying why it is not a schema-1 plugin report."""
+    if not isinstance(report, dict) or report.get("schema") != REPORT_SCHEMA:
+        raise OptConfigError(f"{what}: not a pytest-transformers-opt report (expected \"schema\": "
+                             f"\"{REPORT_SCHEMA}\"; write one with pytest --opt-report-json=PATH)")
+    if report.get("schema_version") != REPORT_VERSION:
+        raise OptConfigError(f"{what}: report schema_version {report.get('schema_version')!r} is not supported; "
+                             f"accepted: {REPORT_VERSION}")
+    tests = report.get("tests")
+    if not isinstance(tests, list) or not all(isinstance(t, dict) for t in tests):
+        raise OptConfigError(f"{what}: the report's \"tests\" must be a list of test records")
+    if not isinstance(report.get("environment", {}), dict):
+        raise OptConfigError(f"{what}: the report's \"environment\" must be an object")
+    return report
+
+
+def load_report(path: str | Path, what: str = "--from-report") -> dict[str, Any]:
+    """Read and validate a JSON report; every problem is an ``OptConfigError`` naming ``what``."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise OptConfigError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        report = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise OptConfigError(f"{what}: {path} is not JSON ({exc}); accepted: a report written by "
+                             f"pytest --opt-report-json=PATH") from None
+    return validate_report(report, what)
+
+
+def hardware_from_environment(environment: dict[str, Any]) -> dict[str, Any]:
+    """The report's environment block as the ``hardware`` dict the advisor takes."""
+    keys = ("torch", "transformers", "accelerate", "bitsandbytes", "kernels")
+    versions = {**{key: environment.get(key) for key in keys if key in environment},
+                **(environment.get("versions") or {})}
+    device = str(environment.get("device") or "").split(":")[0] or None
+    return {"device": device, "gpu_name": environment.get("gpu_name"),
+            "compute_capability": environment.get("compute_capability"),
+            "gpu_memory_bytes": environment.get("gpu_memory_bytes"),
+            "bf16_supported": environment.get("bf16_supported"), "versions": versions}
+
+
+def describe_hardware(environment: dict[str, Any]) -> str:
+    """``NVIDIA H100 (compute capability 9.0)`` or ``cpu``."""
+    name = environment.get("gpu_name")
+    if name:
+        cc = environment.get("compute_capability")
+        return f"{name} (compute capability {cc})" if cc else str(name)
+    return str(environment.get("device") or "an unnamed device")
+
+
+# ---------------------------------------------------------------- what was measured
+
+def measured_figures(test: dict[str, Any], where: str) -> list[Figure]:
+    """Every figure of one test record, each labelled measured with the hardware."""
+    out: list[Figure] = []
+    for side in ("optimized", "baseline"):
+        metrics = test.get(side) or {}
+        for key, label, unit in _METRICS:
+            if metrics.get(key) is not None:
+                out.append(Figure(f"{side} {label}", metrics[key], "measured", unit, where))
+    if test.get("speedup") is not None:
+        out.append(Figure("speedup (baseline latency / optimized)", test["speedup"], "measured", "x", where))
+    if test.get("memory_ratio") is not None:
+        out.append(Figure("memory ratio (optimized / baseline peak)", test["memory_ratio"], "measured", "ratio", where))
+    for key, value in (test.get("similarity") or {}).items():
+        if value is not None:
+            out.append(Figure(f"similarity {key}", value, "measured", "ratio", where))
+    for budget in test.get("budgets") or []:
+        if budget.get("measured") is None:
+            continue
+        unit = _BUDGET_UNITS.get(budget["name"], "ratio")
+        verdict = {True: "met", False: "FAILED", None: "not checked"}[budget.get("ok")]
+        limit = Figure("", budget.get("limit"), "stated", unit).value_text()
+        out.append(Figure(f"budget {budget['name']} (limit {limit}, {verdict})", budget["measured"], "measured",
+                          unit, where))
+    return out
+
+
+def _budget_limit(test: dict[str, Any], name: str) -> float | None:
+    for budget in test.get("budgets") or []:
+        if budget.get("name") == name and isinstance(budget.get("limit"), (int, float)):
+            return float(budget["limit"])
+    return None
+
+
+def _pick_test(tests: list[dict[str, Any]], model: str | None) -> tuple[dict[str, Any] | None, list[str]]:
+    """The record that decides the next step: the first failure, else the last run that passed."""
+    notes: list[str] = []
+    if model:
+        same = [t for t in tests if (t.get("model") or {}).get("name_or_path") in (model, Path(model).name)
+                or Path(str((t.get("model") or {}).get("name_or_path", ""))).name == Path(model).name]
+        if same:
+            tests = same
+        else:
+            notes.append(f"no test in the report used {model}; all of its tests were considered")
+    ran = [t for t in tests if t.get("outcome") in ("passed", "failed", "error")]
+    failed = [t for t in ran if t.get("outcome") != "passed"]
+    if failed:
+        return failed[0], notes
+    if ran:
+        return ran[-1], notes
+    skipped = [t for t in tests if t.get("outcome") == "skipped"]
+    return (skipped[0] if skipped else None), notes
+
+
+# ---------------------------------------------------------------- the next step
+
+_CACHE_NEXT = {"static_cache": Change("offloaded_static_cache"),
+               "sliding_window_cache": Change("quantized_cache", {"backend": "quanto", "nbits": 4}),
+               "quantized_cache": Change("offloaded_cache")}
+
+
+def _next_memory(stack: list[Change], shape: ModelShape | None, dtype: str, peak: float | None) -> tuple[Change, str]:
+    weights, cache = find(stack, "weights"), find(stack, "cache")
+    weights_share = None
+    if shape is not None and peak:
+        weights_share = weight_bytes(shape, dtype, weights.name if weights and weights.name in ("bnb_8bit", "bnb_4bit")
+                                     else None) / peak
+    weights_dominate = weights_share is None or weights_share >= 0.5
+    share = "" if weights_share is None else f" (weights ~{weights_share:.0%} of the measured peak, estimate)"
+    if weights is not None and weights.name == "bnb_8bit" and weights_dominate:
+        return Change("bnb_4bit"), f"8-bit weights still exceed the memory budget{share}: 4-bit halves them again."
+    if cache is not None and cache.name in _CACHE_NEXT:
+        return _CACHE_NEXT[cache.name], f"{cache.label()} still exceeds the memory budget: the next cache step."
+    if find(stack, "compile") and cache is None:
+        return Change("offloaded_static_cache"), ("compile's static cache is allocated at full length: offloading "
+                                                  "it keeps the static shape but moves it to CPU RAM.")
+    if weights is None and weights_dominate:
+        return Change("bnb_8bit"), f"The weights are the largest part{share}: 8-bit weights, the least lossy step."
+    if cache is None:
+        return (Change("quantized_cache", {"backend": "quanto", "nbits": 4}),
+                f"The KV cache and activations are the larger part{share}: quantize the KV cache.")
+    return Change("tensor_parallel", {"tp_size": 2}), "No single-GPU memory step is left: split the model over 2 GPUs."
+
+
+def _next_quality(stack: list[Change]) -> tuple[Change | None, str, list[Change]]:
+    names = {change.name: change for change in stack}
+    if "bnb_4bit" in names:
+        return Change("bnb_8bit"), "4-bit weights missed the similarity budget: 8-bit weights lose less.", \
+            replace_family(stack, Change("bnb_8bit"))
+    cache = names.get("quantized_cache")
+    if cache is not None and int(cache.params.get("nbits", 4)) < 4:
+        better = Change("quantized_cache", {**cache.params, "nbits": 4})
+        return better, "The 2-bit KV cache missed the similarity budget: 4 bits lose less.", replace_family(stack, better)
+    if cache is not None:
+        return Change("offloaded_cache"), ("The quantized KV cache missed the similarity budget: offloading keeps "
+                                           "it in full precision."), replace_family(stack, Change("offloaded_cache"))
+    if "bnb_8bit" in names:
+        tp = Change("tensor_parallel", {"tp_size": 2})
+        return tp, ("8-bit weights missed the similarity budget: keep full-precision weights and split them over "
+                    "2 GPUs instead."), [c for c in stack if c.family != "weights"] + [tp]
+    return None, ("A lossless technique missed its similarity budget: rerun in float32 (budgets min_token_match=1.0, "
+                  "max_kl=1e-3) to tell numerical noise from a bug; no new technique is proposed."), stack
+
+
+def _next_speed(stack: list[Change], workload: Workload, hardware: dict[str, Any] | None,
+                concurrency: int, input_tokens: int) -> tuple[Change | None, str]:
+    names = {change.name for change in stack}
+    attention = find(stack, "attention")
+    if concurrency > 1 and "continuous_batching" not in names:
+        return (Change("continuous_batching", {"max_batch_tokens": max_batch_tokens_for(input_tokens)}),
+                f"{concurrency} concurrent requests: continuous batching raises throughput.")
+    if attention is None or attention.name == "eager":
+        return Change("sdpa"), "Attention still runs eagerly: sdpa is usually faster."
+    if "compile" not in names and "continuous_batching" not in names:
+        return Change("compile"), "Next speed step: a static cache with torch.compile."
+    if flash_attention_capable(workload, hardware) and attention.name != "flash_attention_2":
+        return Change("flash_attention_2"), "The GPU supports FlashAttention-2 (compute capability >= 8.0)."
+    if "kernels" not in names:
+        return Change("kernels"), "Next speed step: optimized hub kernels."
+    return None, "Every speed technique in the catalogue was tried."
+
+
+# ---------------------------------------------------------------- entry point
+
+def advise_from_report(report: dict[str, Any], workload: Workload | None = None, *,
+                       hardware: dict[str, Any] | None = None, config: Any = None,
+                       source: str | None = None) -> Advice:
+    """The next recommendation after the run recorded in ``report`` (a schema-1 JSON report).
+
+    ``workload``: what the user states now (wins over the run's figures); ``hardware`` wins over
+    the report's environment; ``config`` is the model config when the report's model is not local.
+    """
+    report = validate_report(report)
+    environment = report.get("environment") or {}
+    where = describe_hardware(environment)
+    hardware = {**hardware_from_environment(environment), **(hardware or {})}
+    test, notes = _pick_test(report["tests"], workload.model if workload else None)
+    if test is None:
+        raise OptConfigError("--from-report: the report holds no test records (did any test use opt_bench?)")
+    model_info = test.get("model") or {}
+    run = test.get("workload") or {}
+    stated = workload or Workload()
+    memory_limit = _budget_limit(test, "max_memory")
+    derived = Workload(
+        model=stated.model or model_info.get("name_or_path"),
+        revision=stated.revision or model_info.get("revision"),
+        dtype=stated.dtype or model_info.get("dtype"),
+        input_tokens=stated.input_tokens or run.get("input_tokens") or None,
+        max_new_tokens=stated.max_new_tokens or run.get("max_new_tokens") or None,
+        batch_size=stated.batch_size or run.get("batch_size") or None,
+        gpu_memory_bytes=stated.gpu_memory_bytes or (int(memory_limit) if memory_limit else None),
+        **{key: getattr(stated, key) for key in ("device", "cpu_memory_bytes", "concurrency", "problem",
+                                                 "attention", "gpu_name", "compute_capability", "versions")},
+    )
+    for key in ("max_new_tokens", "input_tokens", "batch_size"):
+        if getattr(stated, key) and run.get(key) and getattr(stated, key) != run.get(key):
+            notes.append(f"the run measured {key}={run[key]}, the stated workload asks {getattr(stated, key)}: "
+                         f"the measurements may not carry over")
+
+    shape = _try_shape(config, derived, notes)
+    stack = [parse_technique(str(t)) for t in test.get("techniques") or []]
+    baseline = [parse_technique(str(t)) for t in test.get("baseline_techniques") or []]
+    measured = measured_figures(test, where)
+    failed = [str(name) for name in test.get("failed_budgets") or []]
+    outcome = test.get("outcome")
+    dtype = normalize_dtype(derived.dtype) if derived.dtype else "bfloat16"
+    peak = ((test.get("optimized") or {}).get("peak_memory_bytes"))
+    config_text = " + ".join(c.label() for c in stack) or "the baseline"
+    headline = f"Measured run {test.get('nodeid', '?')}: {config_text}, {outcome}"
+    concurrency = derived.concurrency or 1
+
+    change: Change | None = None
+    new_stack = stack
+    stage = None
+    if outcome == "skipped":
+        reason = test.get("skip_reason") or "no reason recorded"
+        headline += f" ({reason})"
+        if find(stack, "attention") and find(stack, "attention").name.startswith("flash_attention"):  # type: ignore[union-attr]
+            change, why = Change("sdpa"), "FlashAttention could not run on that machine: sdpa runs almost everywhere."
+            new_stack = replace_family(stack, change)
+        else:
+            why = f"The technique was skipped, so nothing was measured: {reason}."
+    elif outcome == "error" and not _OOM.search(str(test.get("error") or "")):
+        error = str(test.get("error") or "no message recorded").strip().splitlines()[0][:200]
+        why = f"The run errored before measuring: {error}. Fix that first; no new technique is proposed."
+    elif outcome == "error" or any(name in MEMORY_BUDGETS for name in failed):
+        headline += "" if outcome == "error" else f"; failed {', '.join(failed)}"
+        change, why = _next_memory(stack, shape, dtype, peak)
+        stage = "memory"
+    elif any(name in SIMILARITY_BUDGETS for name in failed):
+        headline += f"; met {'memory' if _budget_limit(test, 'max_memory') else 'its other budgets'}, " \
+                    f"failed {', '.join(failed)}"
+        change, why, new_stack = _next_quality(stack)
+        stage = "quality"
+    elif any(name in SPEED_BUDGETS for name in failed):
+        headline += f"; failed {', '.join(failed)}"
+        change, why = _next_speed(stack, derived, hardware, concurrency, derived.input_tokens or 512)
+        stage = "speed"
+    elif outcome == "failed":
+        detail = f"budgets {', '.join(failed)}" if failed else "an assertion of the test itself"
+        why = f"The run failed on {detail}; no technique change follows from that."
+    else:
+        headline += "; every budget met"
+        if concurrency > 1 and not find(stack, "continuous_batching"):
+            change = Change("continuous_batching", {"max_batch_tokens": max_batch_tokens_for(derived.input_tokens or 512)})
+            why = f"It passed; with {concurrency} concurrent requests continuous batching is the next step."
+            stage = "concurrency"
+        elif derived.problem == "speed" and not find(stack, "compile") and not find(stack, "continuous_batching"):
+            change, why, stage = Change("compile"), "It passed; the next speed step is compile.", "speed"
+        else:
+            why = (f"No further change needed: {config_text} met every budget on {where} (measured) for a "
+                   f"workload of {concurrency} concurrent request(s).")
+    if change is not None and new_stack is stack:
+        new_stack = replace_family(stack, change, also_drop=("compile",) if change.name == "continuous_batching" else ())
+
+    advice = _build(change, new_stack, stage, shape, derived, hardware, baseline, test, stack, dtype)
+    advice.why = [headline + ".", why] + [f"Note: {note}." for note in notes] + advice.why
+    advice.measured = measured
+    advice.measured_source = source or f"report created {report.get('created', '?')}"
+    advice.measured_covers_change = change is None
+    if change is None:
+        advice.title = why if why.startswith("No further change") else f"No new technique: {why}"
+    return advice
+
+
+def _try_shape(config: Any, workload: Workload, notes: list[str]) -> ModelShape | None:
+    source = config if config is not None else workload.model
+    if source is None:
+        notes.append("the report names no model: no estimates")
+        return None
+    try:
+        return load_model_shape(source, workload.revision)
+    except OptConfigError as exc:
+        notes.append(f"model config not read ({exc}); only measured figures are shown")
+        return None
+
+
+def _build(change: Change | None, stack: list[Change], stage: str | None, shape: ModelShape | None,
+           workload: Workload, hardware: dict[str, Any], baseline: list[Change], test: dict[str, Any],
+           previous: list[Change], dtype: str) -> Advice:
+    """The Advice for ``stack``: with estimates when the config was read, from measurements alone otherwise."""
+    if shape is not None and change is not None:
+        resolved = resolve(workload, shape, hardware)
+        advice = recommend(shape, resolved, hardware, current=previous, baseline=baseline, forced=change,
+                           stage_hint=stage or "speed")
+        advice.configuration = stack
+        advice.open_questions = compatibility_questions(resolved.workload, stack, hardware, shape)
+    else:
+        advice = Advice(title=title_for(change) if change else "", change=change, configuration=stack,
+                        budgets={}, stage=stage, why=[], figures=[],
+                        documentation=documentation_for(change or (stack[-1] if stack else None)),
+                        open_questions=compatibility_questions(workload, stack, hardware, shape))
+        if shape is not None:
+            resolved = resolve(workload, shape, hardware)
+            from .recommend import validation_plan
+
+            advice.test = validation_plan(shape, resolved, stack, workload.model, baseline)
+        limit = _budget_limit(test, "max_memory")
+        if limit:
+            from .recommend import size_literal
+
+            advice.budgets["max_memory"] = size_literal(int(limit))
+        advice.budgets.update(default_similarity(stack, dtype))
+    if change is not None:
+        from .docs import tradeoffs_for
+
+        advice.tradeoffs = tradeoffs_for(change)
+    # A similarity limit the user set (not the failing technique's default) is their requirement: keep it.
+    defaults = default_similarity(previous, dtype)
+    for name in SIMILARITY_BUDGETS:
+        limit = _budget_limit(test, name)
+        if limit is not None and defaults.get(name) != limit:
+            advice.budgets[name] = limit
+    return advice

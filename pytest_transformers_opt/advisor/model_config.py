@@ -1,0 +1,199 @@
+"""Read the shape of a model from its config alone: no weights, nothing downloaded.
+
+Accepted sources: a folder holding ``config.json``, a path to a ``config.json``, a dict, a
+``transformers`` config object, the built-in name ``tiny-random-llama`` (and the other built-in
+models), or a hub id already present in the local Hugging Face cache (read offline).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import OptConfigError
+
+# Architectures whose MLP is a plain up/down projection (2 matrices), not Llama's gated gate/up/down.
+_NON_GATED = {"gpt2", "gpt_neo", "gpt_neox", "gptj", "opt", "phi", "falcon", "bloom", "codegen", "starcoder2"}
+# Older or non-Llama spellings of the fields the estimates need.
+_ALIASES = {
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
+    "vocab_size": ("vocab_size",),
+    "intermediate_size": ("intermediate_size", "n_inner", "ffn_dim"),
+}
+_REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The figures of a decoder-only model that memory estimates depend on."""
+
+    name: str
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    gated_mlp: bool = True
+    num_experts: int = 1  # MoE: every expert is resident in memory, so all are counted
+    expert_intermediate_size: int | None = None
+    qkv_bias: bool = False  # Qwen2 has biases on q/k/v only
+    o_bias: bool = False  # Llama's attention_bias=True adds one on o_proj too
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    max_position_embeddings: int | None = None
+    config_dtype: str | None = None
+    attn_implementation: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def is_builtin_tiny(self) -> bool:
+        from ..tiny_models import is_tiny_model  # lazy: tiny_models belongs to the plugin core
+
+        return is_tiny_model(self.name)
+
+
+def _config_error(where: str, detail: str) -> OptConfigError:
+    return OptConfigError(
+        f"--model: {where}: {detail}; the advisor needs a decoder-only text model's config with "
+        f"num_hidden_layers, hidden_size, num_attention_heads, vocab_size (and intermediate_size)"
+    )
+
+
+def _positive_int(raw: dict[str, Any], key: str, where: str) -> int | None:
+    for alias in _ALIASES.get(key, (key,)):
+        value = raw.get(alias)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise _config_error(where, f"{alias}={value!r} is not a positive whole number")
+        return value
+    return None
+
+
+def shape_from_dict(raw: dict[str, Any], name: str, where: str | None = None) -> ModelShape:
+    """A ``ModelShape`` from a config dict (as in ``config.json``); ``OptConfigError`` names the missing field."""
+    where = where or name
+    notes: list[str] = []
+    if _positive_int(raw, "num_hidden_layers", where) is None and isinstance(raw.get("text_config"), dict):
+        # Multimodal configs nest the language model; its decoder is what generates.
+        notes.append("read the nested text_config (the language model of a multimodal config)")
+        outer_dtype = raw.get("dtype") or raw.get("torch_dtype")
+        raw = {**raw["text_config"]}
+        raw.setdefault("dtype", outer_dtype)
+    missing = [key for key in _REQUIRED if _positive_int(raw, key, where) is None]
+    if missing:
+        raise _config_error(where, f"missing {', '.join(missing)}")
+    layers = _positive_int(raw, "num_hidden_layers", where)
+    hidden = _positive_int(raw, "hidden_size", where)
+    heads = _positive_int(raw, "num_attention_heads", where)
+    vocab = _positive_int(raw, "vocab_size", where)
+    assert layers and hidden and heads and vocab  # checked just above
+    model_type = str(raw.get("model_type") or "unknown")
+    intermediate = _positive_int(raw, "intermediate_size", where)
+    if intermediate is None:
+        if model_type not in _NON_GATED:
+            raise _config_error(where, "missing intermediate_size")
+        intermediate = 4 * hidden  # GPT-2 style configs leave n_inner as None meaning 4 x hidden
+    kv_heads = _positive_int(raw, "num_key_value_heads", where) or heads
+    head_dim = _positive_int(raw, "head_dim", where) or hidden // heads
+    experts = _positive_int(raw, "num_local_experts", where) or _positive_int(raw, "num_experts", where) or 1
+    if experts > 1:
+        notes.append(f"mixture of experts: all {experts} experts counted as resident in memory")
+    window = raw.get("sliding_window")
+    if not (isinstance(window, int) and not isinstance(window, bool) and window > 0) or raw.get("use_sliding_window") is False:
+        window = None
+    if model_type not in _NON_GATED and model_type not in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"):
+        notes.append(f"parameters counted with Llama-shaped layers for model_type {model_type!r}")
+    dtype = raw.get("dtype") or raw.get("torch_dtype")
+    tie = raw.get("tie_word_embeddings")
+    return ModelShape(
+        name=name,
+        model_type=model_type,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+        tie_word_embeddings=bool(tie) if tie is not None else model_type in _NON_GATED,
+        gated_mlp=model_type not in _NON_GATED,
+        num_experts=experts,
+        expert_intermediate_size=_positive_int(raw, "moe_intermediate_size", where),
+        qkv_bias=bool(raw.get("attention_bias")) or model_type in ("qwen2", "qwen2_moe"),
+        o_bias=bool(raw.get("attention_bias")),
+        qk_norm=model_type in ("qwen3", "qwen3_moe", "olmo2"),
+        sliding_window=window,
+        max_position_embeddings=_positive_int(raw, "max_position_embeddings", where)
+        or _positive_int(raw, "n_positions", where),
+        config_dtype=str(dtype).replace("torch.", "") if dtype and dtype != "auto" else None,
+        attn_implementation=raw.get("_attn_implementation") or raw.get("attn_implementation"),
+        notes=tuple(notes),
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise OptConfigError(f"--model: cannot read {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise OptConfigError(f"--model: {path} is not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise OptConfigError(f"--model: {path} holds a JSON {type(raw).__name__}, not a config object")
+    return raw
+
+
+def _cached_hub_config(repo_id: str, revision: str | None) -> Path | None:
+    """The config.json of a hub model already in the local cache; never touches the network."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    except Exception:  # malformed id or cache: treat as absent
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def load_model_shape(source: Any, revision: str | None = None) -> ModelShape:
+    """The ``ModelShape`` of ``source`` (see the module docstring); raises ``OptConfigError`` naming --model."""
+    if isinstance(source, ModelShape):
+        return source
+    if isinstance(source, dict):
+        return shape_from_dict(source, str(source.get("_name_or_path") or "model"), "config")
+    if hasattr(source, "to_dict") and not isinstance(source, (str, Path)):
+        raw = source.to_dict()
+        return shape_from_dict(raw, str(raw.get("_name_or_path") or getattr(source, "name_or_path", "") or "model"),
+                               "config")
+    text = str(source)
+    from ..tiny_models import TINY_MODELS, tiny_model_config  # lazy: loads transformers only when needed
+
+    if text in TINY_MODELS:
+        return shape_from_dict(tiny_model_config(text).to_dict(), text, f"built-in model {text}")
+    path = Path(text).expanduser()
+    if path.is_dir():
+        config_path = path / "config.json"
+        if not config_path.is_file():
+            raise OptConfigError(f"--model: folder {text} has no config.json; accepted: a model folder, "
+                                 f"a config.json path, a hub id in the local cache, or tiny-random-llama")
+        return shape_from_dict(_read_json(config_path), text, str(config_path))
+    if path.is_file():
+        return shape_from_dict(_read_json(path), str(path.parent) if path.name == "config.json" else text, text)
+    if _HUB_ID.match(text):
+        cached = _cached_hub_config(text, revision)
+        if cached is not None:
+            return shape_from_dict(_read_json(cached), text, f"{text} (local hub cache)")
+    raise OptConfigError(f"--model: {text!r} is not a folder, a config.json file, a hub id in the local cache "
+                         f"or a built-in model (e.g. tiny-random-llama); nothing is downloaded")

@@ -1,0 +1,126 @@
+"""Advice as text for people, as JSON for machines, and as the validation test file."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from .advice import Advice, ValidationPlan
+
+SENTENCE = "The cat eats the red apple every morning."  # ~10 tokens with common tokenizers
+TOKENS_PER_SENTENCE = 10
+
+
+def _section(title: str, lines: list[str], bullet: str = "- ") -> list[str]:
+    if not lines:
+        lines = ["(none)"]
+        bullet = ""
+    return [title] + [f"  {bullet}{line}" for line in lines] + [""]
+
+
+def render_text(advice: Advice, test_path: str | None = None) -> str:
+    """The report: recommended change, configuration, why, support, tradeoffs, questions, validation."""
+    out: list[str] = []
+    out += _section("Recommended change", [advice.title], bullet="")
+    out += _section("Configuration", [advice.marker_line()] if advice.configuration else [], bullet="")
+    why = list(advice.why) + [figure.text() for figure in advice.figures]
+    out += _section("Why", why)
+    if advice.measured:
+        source = f" (from {advice.measured_source})" if advice.measured_source else ""
+        out += _section(f"Measured{source}", [figure.text() for figure in advice.measured])
+    out += _section("Supported by", advice.documentation)
+    out += _section("Expected tradeoffs", advice.tradeoffs)
+    if advice.workload_tradeoffs:
+        out += _section("Workload tradeoffs (not optimizations)", advice.workload_tradeoffs)
+    out += _section("Open compatibility questions", advice.open_questions)
+    out += _section("Assumptions / questions to answer", advice.assumptions)
+    out += _section("Validation", validation_lines(advice, test_path))
+    out.append(advice.verification_line())
+    return "\n".join(out) + "\n"
+
+
+def validation_lines(advice: Advice, test_path: str | None) -> list[str]:
+    if advice.test is None or not advice.configuration:
+        return ["Nothing new to validate."]
+    plan = advice.test
+    path = test_path or "test_recommended_change.py"
+    lines = []
+    if test_path:
+        lines.append(f"Test written to {test_path}.")
+    else:
+        lines.append(f"Write the test: add --write-test {path} to this command.")
+    lines.append(f"Run it: pytest {path} --opt-report")
+    checks = ", ".join(f"{key}={value}" for key, value in advice.budgets.items())
+    lines.append(f"It runs {plan.num_prompts} prompt(s) of ~{plan.input_tokens} tokens, {plan.max_new_tokens} new "
+                 f"tokens, batch {plan.batch_size}, on {plan.model}; it measures peak memory, latency and "
+                 f"output similarity against the baseline and checks {checks}.")
+    lines.append("The plugin also runs the baseline (eager attention, no quantization) for the comparison: "
+                 "run the test where the baseline fits; max_memory checks the optimized peak.")
+    lines += [f"Note: {note}." for note in plan.notes]
+    return lines
+
+
+def render_json(advice: Advice, test_path: str | None = None) -> str:
+    data = advice.to_dict()
+    if data["validation"] is not None:
+        data["validation"]["test_path"] = test_path
+        if test_path:
+            data["validation"]["command"] = f"pytest {test_path} --opt-report"
+    return json.dumps(data, indent=2) + "\n"
+
+
+def validation_test_source(advice: Advice) -> str:
+    """The validation test: a pytest file that the plugin runs (``pytest PATH --opt-report``)."""
+    plan: ValidationPlan | None = advice.test
+    if plan is None or not advice.configuration:
+        raise ValueError("this advice has no configuration to validate")
+    model_args = [repr(plan.model)]
+    if plan.revision:
+        model_args.append(f"revision={plan.revision!r}")
+    model_args.append(f"dtype={plan.dtype!r}")
+    sentences = max(1, plan.input_tokens // TOKENS_PER_SENTENCE)
+    lines = [
+        f'"""Validation test written by `pytest-opt advise`: {advice.title}.',
+        "",
+        "Run: pytest THIS_FILE --opt-report",
+        "Replace PROMPTS with prompts from your real workload for a representative measurement.",
+        '"""',
+        "",
+        "import pytest",
+        "",
+        "from pytest_transformers_opt import techniques  # noqa: F401  (used by techniques.NAME(...) markers)",
+        "",
+        f"pytestmark = pytest.mark.opt_model({', '.join(model_args)})",
+        "",
+        f"# ~{plan.input_tokens} tokens per prompt",
+        f"PROMPTS = [f\"Request {{i}}: \" + \" \".join([{SENTENCE!r}] * {sentences}) for i in range({plan.num_prompts})]",
+        "",
+        "",
+    ]
+    if plan.baseline:
+        lines.append(f"@pytest.mark.opt_baseline({', '.join(change.marker_arg() for change in plan.baseline)})")
+    lines += [
+        advice.marker_line(),
+        "def test_recommended_change(opt_bench):",
+        f"    opt_bench(prompts=PROMPTS, max_new_tokens={plan.max_new_tokens}, batch_size={plan.batch_size})",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_test(advice: Advice, path: str | os.PathLike[str]) -> Path:
+    """Write the validation test atomically (a temporary file in the same folder, then os.replace)."""
+    target = Path(path)
+    source = validation_test_source(advice)
+    handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(source)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return target

@@ -1,0 +1,164 @@
+"""``opt_bench()``: baseline and optimized on one workload, measured, compared, checked.
+
+Order of work: warm-up rounds for both sides (kept apart; the first optimized warm-up includes any
+compilation, reported as ``compile_time_s``), the baseline reference run (tokens, distributions
+and peak memory; once per model and workload in a session), the optimized verification run (the
+same, plus the proof that each technique ran), then interleaved timed rounds, alternating which
+side goes first so neither always runs on a warmer cache.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .budgets import check_budgets, format_checks
+from .errors import OptConfigError, OptProofError
+from .generation import GenerationRun, run_generation
+from .loading import OptModel
+from .measure import PeakReading, Timings, track_peak_memory
+from .results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload
+from .similarity import compare_runs
+from .units import parse_non_negative_int
+
+if TYPE_CHECKING:
+    from .session import OptSession, TestPlan
+
+COMPILED_MIN_WARMUP = 2
+DEFAULT_MAX_NEW_TOKENS = 24
+
+
+def _dynamo_graphs() -> int:
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:
+        return 0
+
+
+def build_workload(session: "OptSession", opt: OptModel, prompts: Any, max_new_tokens: Any, batch_size: Any,
+                   rounds: Any, warmup: Any) -> Workload:
+    """Validate ``opt_bench`` arguments (a bad one is this test's error) and fill in defaults."""
+    if prompts is None:
+        prompts = list(DEFAULT_PROMPTS)
+    elif isinstance(prompts, str):
+        prompts = [prompts]
+    prompts = list(prompts)
+    if not prompts or not all(isinstance(p, str) and p for p in prompts):
+        raise OptConfigError(f"opt_bench(prompts=...): give a non-empty list of non-empty strings; got {prompts!r}")
+    new_tokens = parse_non_negative_int(DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
+                                        "opt_bench(max_new_tokens=...)", minimum=1)
+    batch = parse_non_negative_int(len(prompts) if batch_size is None else batch_size,
+                                   "opt_bench(batch_size=...)", minimum=1)
+    n_rounds = parse_non_negative_int(session.settings.rounds if rounds is None else rounds,
+                                      "opt_bench(rounds=...)", minimum=1)
+    n_warmup = parse_non_negative_int(session.settings.warmup if warmup is None else warmup,
+                                      "opt_bench(warmup=...)", minimum=0)
+    if opt.generation.compile:
+        n_warmup = max(n_warmup, COMPILED_MIN_WARMUP)
+    input_tokens = max(len(opt.tokenizer.encode(p)) for p in prompts)
+    return Workload(prompts=prompts, max_new_tokens=new_tokens, batch_size=min(batch, len(prompts)),
+                    rounds=n_rounds, warmup=n_warmup, input_tokens=input_tokens)
+
+
+def _reference_run(session: "OptSession", base: OptModel, workload: Workload) -> tuple[GenerationRun, PeakReading]:
+    """The baseline's tokens, distributions and generation memory: once per (model, workload)."""
+    key = (base.loaded.key, repr(sorted(base.generation.kwargs.items())), workload.key())
+    if key not in session.reference_runs:
+        with track_peak_memory(base.device) as reading:
+            run = run_generation(base, workload.prompts, workload.max_new_tokens, batch_size=workload.batch_size,
+                                 keep_logits=True)
+        session.reference_runs[key] = (run, reading)
+        session.reference_run_count += 1
+    return session.reference_runs[key]
+
+
+def _peak(opt: OptModel, generation: PeakReading) -> int | None:
+    """Peak of the configuration: the larger of loading and (resident weights + generation peak)."""
+    load_peak = opt.loaded.load_peak_bytes
+    if generation.peak_delta_bytes is None:
+        return load_peak
+    resident = opt.loaded.resident_bytes or 0
+    return max(load_peak or 0, resident + generation.peak_delta_bytes)
+
+
+def _side(opt: OptModel, timings: Timings, peak: int | None, texts: list[str], compile_time: float | None,
+          recompiles: int | None, memory_method: str) -> SideMetrics:
+    return SideMetrics(
+        ttft_s=timings.ttft_s, tpot_s=timings.tpot_s, latency_s=timings.latency_s,
+        throughput_tok_s=timings.throughput_tok_s, peak_memory_bytes=peak, load_time_s=opt.loaded.load_time_s,
+        compile_time_s=compile_time, tokens_generated=timings.tokens, texts=texts, rounds=len(timings.rounds),
+        recompiles=recompiles, warmup_s=list(timings.warmup_s), latency_samples_s=timings.latency_samples(),
+        memory_method=memory_method,
+    )
+
+
+def run_bench(session: "OptSession", plan: "TestPlan", base: OptModel, opt: OptModel, workload: Workload) -> OptResult:
+    """Measure, compare and record; the caller checks the budgets."""
+    def once(side: OptModel, **kwargs: Any) -> GenerationRun:
+        try:
+            return run_generation(side, workload.prompts, workload.max_new_tokens, batch_size=workload.batch_size,
+                                  **kwargs)
+        except (OptConfigError, OptProofError):
+            raise
+        except Exception as exc:
+            which = "optimized" if side is opt else "baseline"
+            raise RuntimeError(f"{which} generation with [{', '.join(side.labels)}] raised "
+                               f"{type(exc).__name__}: {exc}") from exc
+
+    base_timings, opt_timings = Timings(), Timings()
+    for _ in range(workload.warmup):
+        opt_timings.warmup_s.append(once(opt).timing.total_s)
+        base_timings.warmup_s.append(once(base).timing.total_s)
+
+    reference, base_memory = _reference_run(session, base, workload)
+    with track_peak_memory(opt.device) as opt_memory:
+        verification = once(opt, keep_logits=True, spy=True)
+    for technique in opt.techniques:
+        problem = technique.verify_run(opt.model, verification.evidence)
+        if problem:
+            raise OptProofError(f"silent fallback: {problem}")
+    similarity = compare_runs(reference.tokens, verification.tokens, workload.max_new_tokens,
+                              reference.logprobs, verification.logprobs)
+
+    graphs_before = _dynamo_graphs()
+    for index in range(workload.rounds):
+        order = (base, opt) if index % 2 == 0 else (opt, base)
+        for side in order:
+            run = once(side)
+            (base_timings if side is base else opt_timings).rounds.append(run.timing)
+    recompiles = _dynamo_graphs() - graphs_before if opt.generation.compile else None
+
+    compile_time = None
+    if opt.generation.compile and opt_timings.warmup_s:
+        steady = statistics.median(r.total_s for r in opt_timings.rounds)
+        compile_time = max(0.0, opt_timings.warmup_s[0] - steady)
+    return OptResult(
+        baseline=_side(base, base_timings, _peak(base, base_memory), reference.texts, None, None,
+                       base_memory.method),
+        optimized=_side(opt, opt_timings, _peak(opt, opt_memory), verification.texts, compile_time, recompiles,
+                        opt_memory.method),
+        similarity=similarity, workload=workload, techniques=plan.declared, baseline_techniques=base.labels,
+        model={"name_or_path": plan.marked.model.name_or_path, "revision": plan.marked.model.revision,
+               "dtype": plan.probe_context.dtype},
+    )
+
+
+def enforce_budgets(session: "OptSession", plan: "TestPlan", result: OptResult) -> None:
+    """Check the budgets; in ``enforce`` mode a failure fails the test with the full budget table."""
+    mode = session.settings.budgets
+    if mode == "off":
+        result.budgets = []
+        return
+    result.budgets = check_budgets(result, plan.budgets)
+    failed = result.failed_budgets
+    if failed and mode == "enforce":
+        pytest.fail(
+            f"budgets failed ({', '.join(failed)}) for [{', '.join(plan.declared)}] vs baseline "
+            f"[{', '.join(result.baseline_techniques)}] on {plan.marked.model.name_or_path}:\n"
+            f"{format_checks(result.budgets)}",
+            pytrace=False,
+        )

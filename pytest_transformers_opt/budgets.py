@@ -1,0 +1,188 @@
+"""Budgets: parsing what users write, default similarity budgets, and the verdict table.
+
+A budget comes from the ``optimization`` marker, else from an ini default ``opt_<name>``, else (for
+similarity only) from the technique's default. NaN or infinity never passes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from .errors import OptConfigError
+from .techniques.base import LOSSLESS, LOSSY_4BIT, QUALITY_ORDER, WEIGHTS_8BIT
+from .units import (format_bytes, format_duration, parse_duration, parse_fraction, parse_non_negative_int,
+                    parse_positive_float, parse_size, parse_throughput)
+
+if TYPE_CHECKING:
+    from .results import OptResult
+
+
+@dataclass(frozen=True)
+class BudgetDef:
+    name: str
+    kind: str  # "max" or "min"
+    parse: Callable[[Any, str], float]
+    measure: Callable[["OptResult"], float | None]
+    fmt: Callable[[float | None], str]
+    help: str
+
+
+def _fmt_float(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return f"{value:.4g}"
+
+
+def _fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}x"
+
+
+def _opt(result: "OptResult") -> Any:
+    return result.optimized
+
+
+BUDGETS: dict[str, BudgetDef] = {
+    b.name: b
+    for b in (
+        BudgetDef("max_memory", "max", lambda v, w: float(parse_size(v, w)),
+                  lambda r: _opt(r).peak_memory_bytes, format_bytes,
+                  "peak memory of the optimized model, load and generation: \"6 GiB\", \"800 MB\", int bytes"),
+        BudgetDef("max_memory_ratio", "max", lambda v, w: parse_positive_float(v, w),
+                  lambda r: r.memory_ratio, _fmt_ratio, "optimized peak / baseline peak: float"),
+        BudgetDef("max_ttft", "max", lambda v, w: parse_duration(v, w), lambda r: _opt(r).ttft_s, format_duration,
+                  "median time to first token: \"50 ms\", \"1.5 s\", float seconds"),
+        BudgetDef("max_tpot", "max", lambda v, w: parse_duration(v, w), lambda r: _opt(r).tpot_s, format_duration,
+                  "median time per output token after the first: as max_ttft"),
+        BudgetDef("max_latency", "max", lambda v, w: parse_duration(v, w), lambda r: _opt(r).latency_s,
+                  format_duration, "median wall time of the whole generate call: as max_ttft"),
+        BudgetDef("min_throughput", "min", lambda v, w: parse_throughput(v, w), lambda r: _opt(r).throughput_tok_s,
+                  lambda v: "-" if v is None else f"{v:.1f} tok/s", "generated tokens per second: 800, \"800 tok/s\""),
+        BudgetDef("min_speedup", "min", lambda v, w: parse_positive_float(v, w), lambda r: r.speedup, _fmt_ratio,
+                  "baseline median latency / optimized median latency: float"),
+        BudgetDef("min_token_match", "min", lambda v, w: parse_fraction(v, w),
+                  lambda r: r.similarity.effective_token_match if r.similarity else None, _fmt_float,
+                  "greedy tokens equal to the baseline's, fraction of the requested length: 0..1"),
+        BudgetDef("max_kl", "max", lambda v, w: parse_positive_float(v, w, allow_zero=True),
+                  lambda r: r.similarity.kl_mean if r.similarity else None, _fmt_float,
+                  "mean KL(baseline || optimized) of next-token distributions on the shared prefix: float"),
+        BudgetDef("min_top1", "min", lambda v, w: parse_fraction(v, w),
+                  lambda r: r.similarity.top1 if r.similarity else None, _fmt_float,
+                  "top-1 agreement of next-token distributions on the shared prefix: 0..1"),
+        BudgetDef("max_recompiles", "max", lambda v, w: float(parse_non_negative_int(v, w)),
+                  lambda r: _opt(r).recompiles, lambda v: "-" if v is None else str(int(v)),
+                  "recompilations during the measured rounds: int"),
+    )
+}
+SIMILARITY_BUDGETS = ("min_token_match", "max_kl", "min_top1")
+BUDGET_MODES = ("enforce", "warn", "off")
+
+
+@dataclass
+class Budget:
+    name: str
+    limit: float
+    source: str  # "marker", "ini" or "default"
+    raw: Any = None
+
+
+@dataclass
+class BudgetCheck:
+    name: str
+    limit: float
+    measured: float | None
+    ok: bool | None  # None: not measurable (explained in note)
+    source: str
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.measured is not None and not math.isfinite(self.measured):
+            data["measured"] = None
+            data["note"] = (self.note or "") + f"measured {self.measured}"
+        return data
+
+
+def parse_budget(name: str, value: Any, where: str) -> float:
+    """One budget value; unknown names and malformed values raise ``OptConfigError``."""
+    if name not in BUDGETS:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(BUDGETS), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise OptConfigError(f"{where}: unknown budget {name!r}.{hint} Accepted: {', '.join(BUDGETS)}")
+    return BUDGETS[name].parse(value, f"{where}: budget {name}")
+
+
+def default_similarity(quality: str, dtype: str, distributions: bool = True) -> dict[str, float]:
+    """The default similarity budgets of a configuration (README, section Budgets)."""
+    half = dtype in ("bfloat16", "float16")
+    if quality == LOSSY_4BIT:
+        budgets = {"max_kl": 0.1, "min_top1": 0.85}
+    elif quality == WEIGHTS_8BIT:
+        budgets = {"max_kl": 0.01, "min_top1": 0.95}
+    elif half:
+        budgets = {"max_kl": 0.01, "min_top1": 0.97}
+    else:
+        budgets = {"min_token_match": 1.0, "max_kl": 1e-3}
+    if not distributions:  # continuous batching: tokens only
+        budgets = {"min_token_match": 1.0 if quality == LOSSLESS and not half else 0.9}
+    return budgets
+
+
+def worst_quality(qualities: list[str]) -> str:
+    return max(qualities, key=QUALITY_ORDER.index, default=LOSSLESS)
+
+
+def resolve_budgets(marker_budgets: dict[str, Any], ini_budgets: dict[str, Any], quality: str, dtype: str,
+                    distributions: bool, where: str) -> dict[str, Budget]:
+    """Marker beats ini beats the technique's default similarity budgets."""
+    resolved: dict[str, Budget] = {}
+    for name, limit in default_similarity(quality, dtype, distributions).items():
+        resolved[name] = Budget(name, limit, "default", limit)
+    for name, raw in ini_budgets.items():
+        resolved[name] = Budget(name, parse_budget(name, raw, f"ini opt_{name}"), "ini", raw)
+    for name, raw in marker_budgets.items():
+        resolved[name] = Budget(name, parse_budget(name, raw, where), "marker", raw)
+    return resolved
+
+
+def check_budgets(result: "OptResult", budgets: dict[str, Budget]) -> list[BudgetCheck]:
+    checks = []
+    for budget in budgets.values():
+        definition = BUDGETS[budget.name]
+        measured = definition.measure(result)
+        if measured is None:
+            checks.append(BudgetCheck(budget.name, budget.limit, None, False if budget.source != "default" else None,
+                                      budget.source, "not measured in this run"))
+            continue
+        measured = float(measured)
+        if not math.isfinite(measured):
+            checks.append(BudgetCheck(budget.name, budget.limit, measured, False, budget.source,
+                                      "NaN/inf never passes"))
+            continue
+        ok = measured <= budget.limit if definition.kind == "max" else measured >= budget.limit
+        note = None
+        if budget.name == "min_token_match" and result.similarity and result.similarity.near_tie and \
+                (result.similarity.token_match or 0) < budget.limit:
+            note = f"diverged at a near-tie (raw token match {result.similarity.token_match:.3g})"
+        checks.append(BudgetCheck(budget.name, budget.limit, measured, ok, budget.source, note))
+    return checks
+
+
+def format_checks(checks: list[BudgetCheck]) -> str:
+    """The one message that lists every budget: measured, limit, verdict."""
+    rows = [("budget", "measured", "limit", "verdict", "source")]
+    for c in checks:
+        definition = BUDGETS[c.name]
+        op = "<=" if definition.kind == "max" else ">="
+        verdict = "ok" if c.ok else ("n/a" if c.ok is None else "FAILED")
+        measured = definition.fmt(c.measured) if c.measured is None or math.isfinite(c.measured) else str(c.measured)
+        rows.append((c.name, measured, f"{op} {definition.fmt(c.limit)}", verdict + (f" ({c.note})" if c.note else ""),
+                     c.source))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join("  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)).rstrip()
+                     for row in rows)

@@ -1,0 +1,83 @@
+"""The public fixtures: ``opt_bench``, ``opt_model``, ``opt_baseline_model``, ``opt_hardware``."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, TypeVar
+
+import pytest
+
+from .bench import build_workload, enforce_budgets, run_bench
+from .errors import OptConfigError
+from .hardware import HardwareInfo
+from .loading import OptModel
+from .results import OptResult
+from .session import SESSION_KEY, OptSession, TestPlan
+
+
+T = TypeVar("T")
+
+
+def _or_fail(action: Callable[[], T]) -> T:
+    """Run ``action``; bad user input becomes this test's failure with the message alone (no traceback)."""
+    try:
+        return action()
+    except OptConfigError as exc:
+        message = str(exc)
+    pytest.fail(message, pytrace=False)  # outside the except block: no chained traceback
+
+
+def _session(request: pytest.FixtureRequest) -> OptSession:
+    return request.config.stash[SESSION_KEY]
+
+
+@pytest.fixture(scope="session")
+def opt_hardware(request: pytest.FixtureRequest) -> HardwareInfo:
+    """What was probed: device, name, compute capability, memory, device count, bf16, package versions."""
+    return _session(request).hardware
+
+
+@pytest.fixture
+def opt_plan(request: pytest.FixtureRequest) -> TestPlan:
+    """The test's markers resolved and probed; bad input errors here, unsupported techniques skip here."""
+    session = _session(request)
+    plan = _or_fail(lambda: session.plan(request.node))
+    session.record(request.node.nodeid).plan = plan
+    session.probe(plan)  # before any model is loaded
+    return plan
+
+
+def _load(request: pytest.FixtureRequest, plan: TestPlan, optimized: bool) -> OptModel:
+    session = _session(request)
+    side = plan.optimized if optimized else plan.baseline
+    return _or_fail(lambda: session.opt_model(plan, side))
+
+
+@pytest.fixture
+def opt_model(request: pytest.FixtureRequest, opt_plan: TestPlan) -> OptModel:
+    """``OptModel`` of the test's optimized configuration (models are cached per session)."""
+    return _load(request, opt_plan, optimized=True)
+
+
+@pytest.fixture
+def opt_baseline_model(request: pytest.FixtureRequest, opt_plan: TestPlan) -> OptModel:
+    """``OptModel`` of the baseline configuration (cached per session)."""
+    return _load(request, opt_plan, optimized=False)
+
+
+@pytest.fixture
+def opt_bench(request: pytest.FixtureRequest, opt_plan: TestPlan, opt_baseline_model: OptModel,
+              opt_model: OptModel) -> Iterator[Callable[..., OptResult]]:
+    """``opt_bench(prompts=None, *, max_new_tokens=None, batch_size=None, rounds=None, warmup=None) -> OptResult``."""
+    session = _session(request)
+    record = session.record(request.node.nodeid)
+
+    def bench(prompts: Any = None, *, max_new_tokens: Any = None, batch_size: Any = None, rounds: Any = None,
+              warmup: Any = None) -> OptResult:
+        workload = _or_fail(lambda: build_workload(session, opt_model, prompts, max_new_tokens, batch_size, rounds,
+                                                   warmup))
+        result = run_bench(session, opt_plan, opt_baseline_model, opt_model, workload)
+        record.result = result
+        enforce_budgets(session, opt_plan, result)
+        return result
+
+    yield bench

@@ -1,0 +1,184 @@
+"""Running a workload through one configuration: ``generate()`` or ``generate_batch()``.
+
+Every call is greedy and generates exactly ``max_new_tokens`` (EOS is held off with
+``min_new_tokens``) so that both sides do the same work. Time to first token is read by a logits
+processor on its first call, after a device synchronisation, so it works for any batch size and
+for compiled models (the processor runs outside the compiled forward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
+
+from .measure import RoundTiming, now
+from .techniques import RunEvidence
+
+if TYPE_CHECKING:
+    from .loading import OptModel
+
+
+@dataclass
+class GenerationRun:
+    """Tokens (and optionally per-step log-probabilities) for each prompt, and how long it took."""
+
+    tokens: list[list[int]]
+    texts: list[str]
+    logprobs: list[Any] | None  # per prompt: float tensor [steps, vocab] (log-softmax of raw logits)
+    timing: RoundTiming
+    evidence: RunEvidence = field(default_factory=RunEvidence)
+
+
+class _FirstTokenTimer:
+    """A no-op logits processor that notes when the first token's scores exist."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.first_token_at: float | None = None
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if self.first_token_at is None:
+            self.first_token_at = now(self.device)
+        return scores
+
+
+def _batches(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+@contextlib.contextmanager
+def _spy_attention(model: Any, evidence: RunEvidence) -> Iterator[None]:
+    """Count calls of every registered attention function and of the attention modules."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    counts: dict[str, int] = {}
+    originals = dict(ALL_ATTENTION_FUNCTIONS._local_mapping)
+    for key in list(ALL_ATTENTION_FUNCTIONS):
+        function = ALL_ATTENTION_FUNCTIONS[key]
+        counts[key] = 0
+
+        def counting(*args: Any, __key: str = key, __fn: Any = function, **kwargs: Any) -> Any:
+            counts[__key] += 1
+            return __fn(*args, **kwargs)
+
+        ALL_ATTENTION_FUNCTIONS._local_mapping[key] = counting
+    module_calls = [0]
+
+    def hook(*_: Any) -> None:
+        module_calls[0] += 1
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if type(m).__name__.endswith("Attention")]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        ALL_ATTENTION_FUNCTIONS._local_mapping.clear()
+        ALL_ATTENTION_FUNCTIONS._local_mapping.update(originals)
+        evidence.attention_backend_calls = counts
+        evidence.attention_module_calls = module_calls[0]
+
+
+def install_compile_counter(opt: "OptModel") -> None:
+    """Pre-create transformers' compiled forward, wrapped to count calls (the proof that it ran)."""
+    import torch
+
+    model = opt.model
+    config = opt.generation.kwargs["compile_config"]
+    if getattr(model, "_opt_compile_counter", None) is opt.compiled_calls and getattr(model, "_last_compile_config", None) == config:
+        return
+    compiled = torch.compile(model.__call__, **config.to_dict())
+    counter = opt.compiled_calls
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counter[0] += 1
+        return compiled(*args, **kwargs)
+
+    model._last_compile_config = config
+    model._compiled_call = counted
+    model._opt_compile_counter = counter
+
+
+def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, batch_size: int | None = None,
+                   keep_logits: bool = False, spy: bool = False, extra: dict[str, Any] | None = None) -> GenerationRun:
+    """Run the prompts once through ``opt`` and return tokens, texts, timing and evidence."""
+    if opt.generation.continuous_batching is not None:
+        return _run_continuous_batching(opt, prompts, max_new_tokens)
+    import torch
+
+    device, tokenizer, model = opt.device, opt.tokenizer, opt.model
+    size = batch_size or len(prompts)
+    evidence = RunEvidence(requested=len(prompts), attention_backend_calls=None)
+    if opt.generation.compile:
+        install_compile_counter(opt)
+    calls_before = opt.compiled_calls[0]
+    tokens: list[list[int]] = []
+    logprobs: list[Any] = []
+    latencies: list[float] = []
+    ttfts: list[float] = []
+    round_start = now(device)
+    for batch in _batches(prompts, size):
+        encoded = tokenizer(batch, return_tensors="pt", padding=True).to(device)
+        timer = _FirstTokenTimer(device)
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
+            pad_token_id=tokenizer.pad_token_id, return_dict_in_generate=True, output_logits=keep_logits,
+            logits_processor=[timer],
+        )
+        kwargs.update(opt.generation.kwargs)
+        kwargs.update(extra or {})
+        spying = _spy_attention(model, evidence) if spy and not opt.generation.compile else contextlib.nullcontext()
+        with torch.inference_mode(), spying:
+            start = now(device)
+            output = model.generate(**encoded, **kwargs)
+            end = now(device)
+        latencies.append(end - start)
+        if timer.first_token_at is not None:
+            ttfts.append(timer.first_token_at - start)
+        new_tokens = output.sequences[:, encoded["input_ids"].shape[1] :]
+        tokens.extend(new_tokens.tolist())
+        evidence.cache = output.get("past_key_values") if hasattr(output, "get") else getattr(output, "past_key_values", None)
+        if keep_logits:
+            steps = torch.stack(output.logits, dim=1).float().log_softmax(dim=-1).cpu()
+            logprobs.extend(steps[i] for i in range(steps.shape[0]))
+    total = now(device) - round_start
+    evidence.compiled_calls = opt.compiled_calls[0] - calls_before
+    evidence.finished_requests = len(tokens)
+    steps_done = len(tokens[0]) if tokens else 0
+    timing = RoundTiming(latency_s=sum(latencies) / len(latencies), ttft_s=(sum(ttfts) / len(ttfts)) if ttfts else None,
+                         steps=steps_done, tokens=sum(len(t) for t in tokens), total_s=total)
+    texts = tokenizer.batch_decode(tokens, skip_special_tokens=True)
+    return GenerationRun(tokens=tokens, texts=texts, logprobs=logprobs if keep_logits else None, timing=timing,
+                         evidence=evidence)
+
+
+def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens: int) -> GenerationRun:
+    """``generate_batch()``: all prompts scheduled together; per-request timestamps give TTFT."""
+    from transformers import GenerationConfig
+    from transformers.generation import ContinuousBatchingConfig
+
+    tokenizer, device = opt.tokenizer, opt.device
+    inputs = [tokenizer.encode(p) for p in prompts]
+    config = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
+                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    cb_config = ContinuousBatchingConfig(**(opt.generation.continuous_batching or {}))
+    start = now(device)
+    outputs = opt.model.generate_batch(inputs=inputs, generation_config=config, continuous_batching_config=cb_config,
+                                       record_timestamps=True, progress_bar=False)
+    end = now(device)
+    # generate_batch names requests req_0, req_1 ... in input order
+    ordered = [outputs[k] for k in sorted(outputs, key=lambda k: int(str(k).rsplit("_", 1)[-1]))]
+    errors = [o.error for o in ordered if getattr(o, "error", None)]
+    if errors:
+        raise RuntimeError(f"generate_batch reported request errors: {errors[:3]}")
+    tokens = [list(o.generated_tokens) for o in ordered]
+    ttfts = [o.timestamps[0] - o.created_time for o in ordered if getattr(o, "timestamps", None)]
+    evidence = RunEvidence(used_generate_batch=True, requested=len(prompts),
+                           finished_requests=sum(1 for o in ordered if o.is_finished()), attention_backend_calls=None)
+    steps = len(tokens[0]) if tokens else 0
+    timing = RoundTiming(latency_s=end - start, ttft_s=(sum(ttfts) / len(ttfts)) if ttfts else None, steps=steps,
+                         tokens=sum(len(t) for t in tokens), total_s=end - start)
+    return GenerationRun(tokens=tokens, texts=tokenizer.batch_decode(tokens, skip_special_tokens=True), logprobs=None,
+                         timing=timing, evidence=evidence)

@@ -1,0 +1,151 @@
+"""What the machine can do, probed once per session before any model is loaded.
+
+Techniques decide whether they can run from a ``HardwareInfo``; tests build fake ones to exercise
+every skip reason on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+TRACKED_PACKAGES = ("torch", "transformers", "accelerate", "bitsandbytes", "kernels", "optimum-quanto",
+                    "hqq", "torchao", "flash-attn", "flash_attn_3", "nvidia-ml-py", "tokenizers")
+
+
+def package_version(name: str) -> str | None:
+    """Installed version of a distribution, or None when it is not installed."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def module_available(module: str) -> bool:
+    """True when ``module`` can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@dataclass
+class HardwareInfo:
+    """Facts about the device the tests run on (``opt_hardware`` fixture)."""
+
+    device: str = "cpu"  # "cpu", "cuda:0", ...
+    device_type: str = "cpu"
+    name: str = ""
+    compute_capability: tuple[int, int] | None = None
+    memory_bytes: int | None = None
+    device_count: int = 0  # CUDA devices visible
+    bf16_supported: bool = False
+    cuda_version: str | None = None
+    driver_version: str | None = None
+    tf32: bool | None = None
+    cpu_count: int = field(default_factory=lambda: os.cpu_count() or 1)
+    python: str = field(default_factory=lambda: platform.python_version())
+    platform: str = field(default_factory=platform.platform)
+    versions: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device_type == "cuda"
+
+    def version(self, package: str) -> str | None:
+        return self.versions.get(package, package_version(package))
+
+    def describe(self) -> str:
+        """Short text for skip reasons: ``cpu`` or ``cuda:0 (NVIDIA H200, cc 9.0)``."""
+        if not self.is_cuda:
+            return "cpu"
+        cc = f", compute capability {self.compute_capability[0]}.{self.compute_capability[1]}" if self.compute_capability else ""
+        return f"{self.device} ({self.name}{cc})"
+
+    def as_environment(self) -> dict[str, Any]:
+        """The report's ``environment`` block."""
+        cc = self.compute_capability
+        return {
+            "python": self.python,
+            "platform": self.platform,
+            "torch": self.versions.get("torch"),
+            "transformers": self.versions.get("transformers"),
+            "accelerate": self.versions.get("accelerate"),
+            "bitsandbytes": self.versions.get("bitsandbytes"),
+            "kernels": self.versions.get("kernels"),
+            "cuda": self.cuda_version,
+            "driver": self.driver_version,
+            "device": self.device,
+            "gpu_name": self.name if self.is_cuda else None,
+            "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
+            "gpu_memory_bytes": self.memory_bytes if self.is_cuda else None,
+            "device_count": self.device_count,
+            "bf16_supported": self.bf16_supported,
+            "tf32": self.tf32,
+            "cpu_count": self.cpu_count,
+            "versions": dict(self.versions),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _nvml_driver_version() -> str | None:
+    try:
+        import pynvml  # from nvidia-ml-py
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+            return version.decode() if isinstance(version, bytes) else str(version)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library: simply unknown
+        return None
+
+
+def resolve_device(requested: str, cuda_count: int) -> str:
+    """``auto`` -> ``cuda:0`` when a CUDA device is visible, else ``cpu``; ``cuda`` -> ``cuda:0``."""
+    if requested == "auto":
+        return "cuda:0" if cuda_count > 0 else "cpu"
+    if requested == "cuda":
+        return "cuda:0"
+    return requested
+
+
+def probe_hardware(requested_device: str = "auto") -> HardwareInfo:
+    """Probe torch, CUDA and the packages that techniques depend on. Loads no model."""
+    import torch
+
+    versions = {name: package_version(name) for name in TRACKED_PACKAGES}
+    # torch.cuda.is_available() is the probe; max_memory_allocated() returns 0 without a GPU.
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device = resolve_device(requested_device, cuda_count)
+    info = HardwareInfo(device=device, device_type=device.split(":")[0], device_count=cuda_count,
+                        versions=versions, cuda_version=torch.version.cuda)
+    if info.is_cuda and cuda_count:
+        index = int(device.split(":")[1]) if ":" in device else 0
+        props = torch.cuda.get_device_properties(index)
+        info.name = props.name
+        info.compute_capability = (props.major, props.minor)
+        info.memory_bytes = int(props.total_memory)
+        info.bf16_supported = bool(torch.cuda.is_bf16_supported())
+        info.tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+        info.driver_version = _nvml_driver_version()
+    else:
+        info.name = platform.processor() or platform.machine()
+        info.bf16_supported = True  # CPU kernels exist for bf16 (slowly)
+        try:
+            info.memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            info.memory_bytes = None
+    return info
+
+
+def python_version() -> str:
+    return sys.version.split()[0]

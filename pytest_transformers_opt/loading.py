@@ -1,0 +1,257 @@
+"""Loading models the way users load theirs, once per distinct configuration per session.
+
+A ``LoadedModel`` is the expensive thing (weights in memory), cached by (model, revision, dtype,
+load-time techniques, device). An ``OptModel`` is a cheap view on one: the loaded model plus the
+generation-time techniques (cache, compile, continuous batching) of one configuration, so the
+baseline and a ``static_cache`` test share one set of weights.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from .errors import OptConfigError, OptProofError
+from .measure import release_memory, track_peak_memory
+from .techniques import GenerationSettings, LoadSettings, ProbeContext, Technique
+from .tiny_models import ensure_tiny_model, is_tiny_model, tiny_model_config
+
+if TYPE_CHECKING:
+    from .hardware import HardwareInfo
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "auto")
+_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
+def parse_dtype(value: Any, what: str = "dtype") -> Any:
+    """A ``torch.dtype`` from a name (``"bfloat16"``, ``"bf16"``) or a dtype; ``"auto"`` stays a string."""
+    import torch
+
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str):
+        name = _DTYPE_ALIASES.get(value.lower().removeprefix("torch."), value.lower().removeprefix("torch."))
+        if name == "auto":
+            return "auto"
+        if name in DTYPE_NAMES:
+            return getattr(torch, name)
+    raise OptConfigError(f"{what}: {value!r} is not a dtype; accepted: {', '.join(DTYPE_NAMES)} (or torch.bfloat16 ...)")
+
+
+def dtype_name(value: Any) -> str:
+    return str(value).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """The model under test, as the ``opt_model`` marker (or ini / option) names it."""
+
+    name_or_path: str
+    revision: str | None = None
+    dtype: str | None = None
+    trust_remote_code: bool = False
+    from_pretrained_kwargs: tuple[tuple[str, Any], ...] = ()
+    origin: str = "default"
+
+    @property
+    def allows_pickle(self) -> bool:
+        """Weights come from safetensors unless the user passed ``use_safetensors=False``."""
+        return dict(self.from_pretrained_kwargs).get("use_safetensors") is False
+
+    def identity(self) -> tuple[Any, ...]:
+        return (self.name_or_path, self.revision, self.dtype, self.trust_remote_code,
+                tuple((k, repr(v)) for k, v in self.from_pretrained_kwargs))
+
+
+def resolve_model_path(request: ModelRequest) -> str:
+    """A local folder for built-in names and folders; hub ids are passed through to transformers."""
+    name = request.name_or_path
+    where = f"opt_model {name!r} (from {request.origin})"
+    if is_tiny_model(name):
+        return str(ensure_tiny_model(name))
+    path = Path(name).expanduser()
+    looks_like_path = name.startswith((".", "/", "~")) or path.exists() or name.count("/") != 1
+    if looks_like_path:
+        if not path.exists():
+            raise OptConfigError(f"{where}: the path {str(path)!r} does not exist; give a model folder, a hub id "
+                                 f"('org/name') or a built-in model such as 'tiny-random-llama'")
+        if path.is_file() and path.name == "config.json":
+            path = path.parent
+        if not path.is_dir():
+            raise OptConfigError(f"{where}: {str(path)!r} is not a folder; a model folder holds config.json and weights")
+        if not (path / "config.json").is_file():
+            raise OptConfigError(f"{where}: the folder {str(path)!r} has no config.json (is it empty?); "
+                                 f"save a model with save_pretrained() there")
+        _check_weights(path, request, where)
+        return str(path)
+    return name
+
+
+def _check_weights(path: Path, request: ModelRequest, where: str) -> None:
+    safetensors = list(path.glob("*.safetensors"))
+    pickles = [p for p in path.glob("*") if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
+    if safetensors:
+        return
+    if pickles and not request.allows_pickle:
+        raise OptConfigError(
+            f"{where}: the folder holds only pickle weights ({', '.join(sorted(p.name for p in pickles))}); "
+            f"the plugin loads safetensors only, since pickle can run code. Convert them, or opt in with "
+            f"@pytest.mark.opt_model(..., use_safetensors=False)"
+        )
+    if not pickles:
+        raise OptConfigError(f"{where}: the folder {str(path)!r} has config.json but no weights (*.safetensors)")
+
+
+def read_model_config(request: ModelRequest, path: str) -> Any:
+    """The model's config (no weights), for probes; raises a clear error on remote code or a bad folder."""
+    if is_tiny_model(request.name_or_path):
+        return tiny_model_config(request.name_or_path)
+    from transformers import AutoConfig
+
+    where = f"opt_model {request.name_or_path!r}"
+    try:
+        return AutoConfig.from_pretrained(path, revision=request.revision, trust_remote_code=request.trust_remote_code)
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise OptConfigError(
+                f"{where}: the model needs remote code (its config has an auto_map); trust_remote_code is off "
+                f"by default. Turn it on for this model only with @pytest.mark.opt_model(..., trust_remote_code=True)"
+            ) from exc
+        raise OptConfigError(f"{where}: cannot read its config: {exc}") from exc
+    except OSError as exc:
+        raise OptConfigError(f"{where}: cannot read its config (offline, or not a model): {exc}") from exc
+
+
+@dataclass
+class LoadedModel:
+    """Weights in memory and what loading them cost."""
+
+    key: tuple[Any, ...]
+    model: Any
+    tokenizer: Any
+    path: str
+    load_time_s: float
+    load_peak_bytes: int | None
+    resident_bytes: int | None
+    memory_method: str
+    load_techniques: tuple[str, ...]
+
+
+@dataclass
+class OptModel:
+    """One configuration under test: ``.model``, ``.tokenizer``, ``.techniques``, ``.generate(prompts)``."""
+
+    loaded: LoadedModel
+    techniques: list[Technique]
+    generation: GenerationSettings
+    request: ModelRequest
+    device: str
+    probe_context: ProbeContext
+    compiled_calls: list[int] = field(default_factory=lambda: [0])
+
+    @property
+    def model(self) -> Any:
+        return self.loaded.model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    @property
+    def labels(self) -> list[str]:
+        return [t.label() for t in self.techniques]
+
+    def generate(self, prompts: list[str] | str, max_new_tokens: int = 32, **generate_kwargs: Any) -> list[str]:
+        """Greedy generation with this configuration's techniques; returns the generated texts."""
+        from .generation import run_generation
+
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        run = run_generation(self, list(prompts), max_new_tokens, keep_logits=False, extra=generate_kwargs)
+        return run.texts
+
+
+def _load_tokenizer(path: str, request: ModelRequest) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=request.revision,
+                                              trust_remote_code=request.trust_remote_code)
+    tokenizer.padding_side = "left"  # decoder-only generation pads on the left
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(request: ModelRequest, path: str, load_techniques: list[Technique], ctx: ProbeContext,
+               device: str, key: tuple[Any, ...]) -> LoadedModel:
+    """``from_pretrained`` with the load-time techniques, timed, with peak memory over load + first forward."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    settings = LoadSettings(kwargs=dict(request.from_pretrained_kwargs))
+    settings.kwargs.setdefault("use_safetensors", True)
+    settings.kwargs["trust_remote_code"] = request.trust_remote_code
+    if request.revision:
+        settings.kwargs["revision"] = request.revision
+    if request.dtype:
+        settings.kwargs["dtype"] = parse_dtype(request.dtype, f"opt_model dtype for {request.name_or_path!r}")
+    settings.kwargs.setdefault("attn_implementation", "eager")
+    for technique in load_techniques:
+        technique.configure_load(settings, ctx)
+    settings.kwargs["device_map"] = {"": device}
+    tokenizer = _load_tokenizer(path, request)
+    start = time.perf_counter()
+    with track_peak_memory(device) as reading:
+        model = AutoModelForCausalLM.from_pretrained(path, **settings.kwargs)
+        model.eval()
+        # Weights whose dtype matches the checkpoint stay memory-mapped until touched: one forward
+        # pass makes them resident, so the peak covers what generation will really hold.
+        with torch.inference_mode():
+            sample = tokenizer(["Hello"], return_tensors="pt").to(device)
+            model(**sample)
+    load_time = time.perf_counter() - start
+    for technique in load_techniques:
+        problem = technique.verify_loaded(model)
+        if problem:
+            raise OptProofError(f"silent fallback at load: {problem}")
+    return LoadedModel(key=key, model=model, tokenizer=tokenizer, path=path, load_time_s=load_time,
+                       load_peak_bytes=reading.peak_delta_bytes, resident_bytes=reading.resident_delta_bytes,
+                       memory_method=reading.method, load_techniques=tuple(t.label() for t in load_techniques))
+
+
+class ModelCache:
+    """Loaded models by configuration, least recently used dropped first; counts loads for tests."""
+
+    def __init__(self, device: str, max_models: int = 3) -> None:
+        self.device = device
+        self.max_models = max_models
+        self._models: OrderedDict[tuple[Any, ...], LoadedModel] = OrderedDict()
+        self.loads: list[tuple[Any, ...]] = []
+
+    def get(self, key: tuple[Any, ...], loader: Callable[[], LoadedModel]) -> LoadedModel:
+        if key in self._models:
+            self._models.move_to_end(key)
+            return self._models[key]
+        while len(self._models) >= self.max_models:
+            self.evict(next(iter(self._models)))
+        loaded = loader()
+        self.loads.append(key)
+        self._models[key] = loaded
+        return loaded
+
+    def evict(self, key: tuple[Any, ...]) -> None:
+        loaded = self._models.pop(key, None)
+        if loaded is not None:
+            loaded.model = None
+            del loaded
+            release_memory(self.device)
+
+    def clear(self) -> None:
+        for key in list(self._models):
+            self.evict(key)
+
+    def keys(self) -> list[tuple[Any, ...]]:
+        return list(self._models)

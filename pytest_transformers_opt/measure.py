@@ -1,0 +1,220 @@
+"""Clocks and memory gauges: every figure the plugin gates comes from here.
+
+Timing: the device is synchronised before each clock read, so CUDA work queued by ``generate`` is
+counted where it ran. Memory: on CUDA, ``reset_peak_memory_stats``/``max_memory_allocated`` (what
+torch allocated) plus NVML (what the device reports in use, including what torch does not see);
+on CPU, the process high-water mark ``VmHWM`` after resetting it through ``/proc/self/clear_refs``,
+with a sampling thread as the fallback where that file is not writable. Figures are deltas over
+what was resident before, so models already cached in the session do not count.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from contextlib import contextmanager
+
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_STATUS = Path("/proc/self/status")
+
+
+def synchronize(device: str) -> None:
+    """Wait for queued device work so a clock read after it is honest."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def now(device: str) -> float:
+    """A monotonic clock reading taken after the device finished its queued work."""
+    synchronize(device)
+    return time.perf_counter()
+
+
+def _status_kib(field_name: str) -> int | None:
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def current_rss_bytes() -> int | None:
+    kib = _status_kib("VmRSS")
+    return None if kib is None else kib * 1024
+
+
+def _reset_high_water_mark() -> bool:
+    """Reset VmHWM to the current RSS (Linux: write 5 to clear_refs); False where not allowed."""
+    try:
+        with _CLEAR_REFS.open("w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@dataclass
+class PeakReading:
+    """Peak memory over a region, as a delta over what was resident when it started."""
+
+    peak_delta_bytes: int | None = None
+    resident_delta_bytes: int | None = None  # still held when the region ended
+    method: str = ""
+    device_used_bytes: int | None = None  # NVML: memory in use on the device at the peak reading
+
+
+class _RssSampler:
+    """Fallback for kernels without clear_refs: sample RSS every few milliseconds."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        self.interval_s = interval_s
+        self.peak = current_rss_bytes() or 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, current_rss_bytes() or 0)
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "_RssSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, current_rss_bytes() or 0)
+
+
+def _nvml_used_bytes(device: str) -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            index = int(device.split(":")[1]) if ":" in device else 0
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
+
+
+@contextmanager
+def track_peak_memory(device: str) -> Iterator[PeakReading]:
+    """Measure the peak memory of the enclosed region on ``device`` (see module docstring)."""
+    reading = PeakReading()
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        try:
+            yield reading
+        finally:
+            synchronize(device)
+            reading.peak_delta_bytes = int(torch.cuda.max_memory_allocated(device) - before)
+            reading.resident_delta_bytes = int(torch.cuda.memory_allocated(device) - before)
+            reading.device_used_bytes = _nvml_used_bytes(device)
+            reading.method = "torch.cuda.max_memory_allocated"
+        return
+    before = current_rss_bytes()
+    if before is not None and _reset_high_water_mark():
+        try:
+            yield reading
+        finally:
+            peak_kib = _status_kib("VmHWM")
+            after = current_rss_bytes()
+            reading.peak_delta_bytes = None if peak_kib is None else max(0, peak_kib * 1024 - before)
+            reading.resident_delta_bytes = None if after is None else max(0, after - before)
+            reading.method = "VmHWM"
+        return
+    sampler = _RssSampler()
+    with sampler:
+        yield reading
+    after = current_rss_bytes()
+    reading.peak_delta_bytes = max(0, sampler.peak - (before or 0)) if before is not None else None
+    reading.resident_delta_bytes = max(0, (after or 0) - (before or 0)) if before is not None else None
+    reading.method = "RSS sampling"
+
+
+def release_memory(device: str) -> None:
+    """Drop unreferenced tensors and return cached device blocks."""
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def median(values: list[float]) -> float | None:
+    clean = [v for v in values if v is not None]
+    return statistics.median(clean) if clean else None
+
+
+@dataclass
+class RoundTiming:
+    """One measured round: the whole workload once (all its batches)."""
+
+    latency_s: float  # wall time per generate call (mean over the round's batches)
+    ttft_s: float | None  # time to the first token per call (mean over the round's batches)
+    steps: int  # new tokens per sequence
+    tokens: int  # tokens generated over the whole round
+    total_s: float  # wall time of the whole round
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.ttft_s is None or self.steps <= 1:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.steps - 1)
+
+
+@dataclass
+class Timings:
+    """The measured rounds of one side (baseline or optimized); warm-up rounds are kept apart."""
+
+    rounds: list[RoundTiming] = field(default_factory=list)
+    warmup_s: list[float] = field(default_factory=list)
+
+    def latency_samples(self) -> list[float]:
+        return [r.latency_s for r in self.rounds]
+
+    @property
+    def latency_s(self) -> float | None:
+        return median(self.latency_samples())
+
+    @property
+    def ttft_s(self) -> float | None:
+        return median([r.ttft_s for r in self.rounds if r.ttft_s is not None])
+
+    @property
+    def tpot_s(self) -> float | None:
+        return median([r.tpot_s for r in self.rounds if r.tpot_s is not None])
+
+    @property
+    def throughput_tok_s(self) -> float | None:
+        return median([r.tokens / r.total_s for r in self.rounds if r.total_s > 0])
+
+    @property
+    def tokens(self) -> int:
+        return self.rounds[0].tokens if self.rounds else 0
+
+
+def timed(device: str, fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Run ``fn`` between two synchronised clock reads; returns (seconds, result)."""
+    start = now(device)
+    result = fn()
+    return now(device) - start, result

@@ -1,0 +1,217 @@
+"""Command-line options, their ini twins and environment variables: one table, one resolver.
+
+Order: command line, then environment (``PYTEST_OPT_<NAME>``), then ini, then the default. A bad
+value is a usage error that names the option (or ini key / variable) and the accepted forms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from .budgets import BUDGET_MODES, BUDGETS
+from .errors import OptConfigError
+from .units import parse_non_negative_int
+
+DEFAULT_MODEL = "tiny-random-llama"
+
+
+def _device(value: str) -> str:
+    value = value.strip()
+    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+        return value
+    raise OptConfigError(f"{value!r} is not a device; accepted: auto, cpu, cuda, cuda:N")
+
+
+def _mode(value: str) -> str:
+    if value in BUDGET_MODES:
+        return value
+    raise OptConfigError(f"{value!r} is not a budget mode; accepted: {', '.join(BUDGET_MODES)}")
+
+
+def _names(value: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    if not names:
+        raise OptConfigError(f"{value!r} names no technique; accepted: NAME[,NAME] or all")
+    return names
+
+
+def _rounds(value: str) -> int:
+    return parse_non_negative_int(value, "rounds", minimum=1)
+
+
+def _warmup(value: str) -> int:
+    return parse_non_negative_int(value, "warm-up rounds", minimum=0)
+
+
+def _gpus(value: str) -> int:
+    return parse_non_negative_int(value, "GPUs per worker", minimum=1)
+
+
+def _text(value: str) -> str:
+    return value
+
+
+def _bool(value: str) -> bool:
+    lowered = str(value).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise OptConfigError(f"{value!r} is not a boolean; accepted: true/false, 1/0, yes/no")
+
+
+@dataclass(frozen=True)
+class OptionDef:
+    flag: str  # --opt-xxx
+    dest: str
+    ini: str | None
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+    metavar: str | None = None
+    is_flag: bool = False
+
+    @property
+    def env(self) -> str:
+        return "PYTEST_OPT_" + self.dest.removeprefix("opt_").upper()
+
+
+OPTIONS: tuple[OptionDef, ...] = (
+    OptionDef("--opt-report", "opt_report", "opt_report", _bool, False,
+              "print the optimization report at the end of the run", is_flag=True),
+    OptionDef("--opt-report-json", "opt_report_json", "opt_report_json", _text, None,
+              "write the report as JSON (schema versioned, environment included)", "PATH"),
+    OptionDef("--opt-report-md", "opt_report_md", None, _text, None,
+              "write the report as Markdown; also appended to $GITHUB_STEP_SUMMARY when set", "PATH"),
+    OptionDef("--opt-report-html", "opt_report_html", None, _text, None,
+              "write the report as a self-contained HTML page with charts", "PATH"),
+    OptionDef("--opt-model", "opt_model", "opt_model", _text, DEFAULT_MODEL,
+              "default model: a folder, a hub id or a built-in model", "NAME"),
+    OptionDef("--opt-device", "opt_device", "opt_device", _device, "auto",
+              "device: auto, cpu, cuda, cuda:N", "DEV"),
+    OptionDef("--opt-require", "opt_require", "opt_require", _names, (),
+              "strict mode: a skip of these techniques (NAME[,NAME] or all) fails the test", "NAMES"),
+    OptionDef("--opt-budgets", "opt_budgets", "opt_budgets", _mode, "enforce",
+              "enforce: failed budgets fail the test; warn: report only; off: measure without checking", "MODE"),
+    OptionDef("--opt-baselines", "opt_baselines", "opt_baselines", _text, ".opt-baselines",
+              "where stored baselines live", "DIR"),
+    OptionDef("--opt-update-baselines", "opt_update_baselines", None, _bool, False,
+              "(re)write stored baselines from this run", is_flag=True),
+    OptionDef("--opt-compare", "opt_compare", None, _text, None, "compare with an earlier JSON report", "PATH"),
+    OptionDef("--opt-compare-fail", "opt_compare_fail", "opt_compare_fail", _text, None,
+              "regressions that fail the run: latency:10%,peak_memory:5%,kl_mean:0.01", "EXPR[,EXPR]"),
+    OptionDef("--opt-gpus-per-worker", "opt_gpus_per_worker", "opt_gpus_per_worker", _gpus, None,
+              "under pytest-xdist, pin each worker to its own N GPUs", "N"),
+    OptionDef("--opt-techniques", "opt_techniques", None, _bool, False,
+              "print the technique catalogue with what this machine supports and why not, then exit", is_flag=True),
+    OptionDef("--opt-rounds", "opt_rounds", "opt_rounds", _rounds, 5, "measured rounds per side", "N"),
+    OptionDef("--opt-warmup", "opt_warmup", "opt_warmup", _warmup, 1,
+              "warm-up rounds per side, kept out of the figures (compiled techniques get at least 2)", "N"),
+)
+
+
+def _argparse_type(option: OptionDef) -> Callable[[str], Any]:
+    def convert(value: str) -> Any:
+        try:
+            return option.parse(value)
+        except OptConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = option.flag  # argparse names the type in some messages
+    return convert
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("transformers-opt", "Transformers inference optimizations (pytest-transformers-opt)")
+    for option in OPTIONS:
+        env_ini = f" Env: {option.env}." + (f" Ini: {option.ini}." if option.ini else "")
+        default = "" if option.is_flag else f" Default: {option.default!r}."
+        if option.is_flag:
+            group.addoption(option.flag, action="store_true", dest=option.dest, default=None,
+                            help=option.help + "." + env_ini)
+        else:
+            group.addoption(option.flag, dest=option.dest, default=None, metavar=option.metavar,
+                            type=_argparse_type(option), help=option.help + "." + default + env_ini)
+        if option.ini:
+            parser.addini(option.ini, help=option.help, type="string", default=None)
+    for name, budget in BUDGETS.items():
+        parser.addini(f"opt_{name}", help=f"default budget {name} for every test: {budget.help}", type="string",
+                      default=None)
+    parser.addini("opt_baseline", help="default baseline techniques, comma-separated (default: eager)",
+                  type="string", default=None)
+
+
+@dataclass
+class Settings:
+    """Every option after CLI > environment > ini > default resolution."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    ini_budgets: dict[str, Any] = field(default_factory=dict)
+    baseline: tuple[str, ...] = ("eager",)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def resolve_settings(config: pytest.Config) -> Settings:
+    """Read every option; raise ``pytest.UsageError`` naming the source of a bad value."""
+    settings = Settings()
+    for option in OPTIONS:
+        key = option.dest.removeprefix("opt_")
+        cli = config.getoption(option.dest)
+        if cli is not None and cli is not False:
+            settings.values[key], settings.sources[key] = cli, option.flag
+            continue
+        raw, source = os.environ.get(option.env), option.env
+        if raw is None and option.ini:
+            raw, source = config.getini(option.ini), f"ini {option.ini}"
+            raw = raw or None
+        if raw is None:
+            settings.values[key], settings.sources[key] = option.default, "default"
+            continue
+        try:
+            settings.values[key] = option.parse(str(raw).strip())
+        except OptConfigError as exc:
+            raise pytest.UsageError(f"{source}: {exc}") from None
+        settings.sources[key] = source
+    if settings.values["require"]:
+        settings.values["require"] = frozenset(settings.values["require"])
+    for name in BUDGETS:
+        raw = config.getini(f"opt_{name}")
+        if raw:
+            from .budgets import parse_budget
+
+            try:
+                parse_budget(name, raw, f"ini opt_{name}")
+            except OptConfigError as exc:
+                raise pytest.UsageError(str(exc)) from None
+            settings.ini_budgets[name] = raw
+    baseline = config.getini("opt_baseline")
+    if baseline:
+        settings.baseline = tuple(n.strip() for n in baseline.split(",") if n.strip())
+    for key in ("report_json", "report_md", "report_html"):
+        path = settings.values.get(key)
+        if path:
+            _check_writable(Path(path), settings.sources[key])
+    return settings
+
+
+def _check_writable(path: Path, source: str) -> None:
+    """Fail at start-up, not after an hour of measuring, when a report cannot be written."""
+    parent = path.expanduser().resolve().parent
+    if path.is_dir():
+        raise pytest.UsageError(f"{source}: {str(path)!r} is a folder; give a file path")
+    if not parent.is_dir():
+        raise pytest.UsageError(f"{source}: the folder {str(parent)!r} does not exist; create it or choose another path")
+    if not os.access(parent, os.W_OK):
+        raise pytest.UsageError(f"{source}: the folder {str(parent)!r} is not writable")

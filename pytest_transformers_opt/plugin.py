@@ -1,0 +1,68 @@
+"""pytest hooks of pytest-transformers-opt; each delegates to the session, the options or the report."""
+
+from __future__ import annotations
+
+from typing import Any, Generator
+
+import pytest
+
+from . import hookspecs
+from .fixtures import opt_baseline_model, opt_bench, opt_hardware, opt_model, opt_plan  # noqa: F401 (fixtures)
+from .markers import MARKERS, marker_help
+from .options import add_options, resolve_settings
+from .report import ReportWriter, print_catalogue
+from .session import SESSION_KEY, OptSession
+
+OPT_FIXTURES = {"opt_bench", "opt_model", "opt_baseline_model"}
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    if config.getoption("opt_techniques"):
+        return print_catalogue(config, resolve_settings(config))
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name in MARKERS:
+        config.addinivalue_line("markers", marker_help(name))
+    config.stash[SESSION_KEY] = OptSession(config, resolve_settings(config))
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None:
+        return None
+    hw = session.hardware
+    return (f"transformers-opt: device {hw.describe()}, torch {hw.versions.get('torch')}, transformers "
+            f"{hw.versions.get('transformers')}, default model {session.settings.model}, budgets {session.settings.budgets}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[None, Any, Any]:
+    report = yield
+    session = item.config.stash.get(SESSION_KEY, None)
+    if session is not None and OPT_FIXTURES & set(getattr(item, "fixturenames", ())):
+        session.note_report(item, report)
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is not None:
+        ReportWriter(session).terminal(terminalreporter)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    opt_session = session.config.stash.get(SESSION_KEY, None)
+    if opt_session is not None:
+        ReportWriter(opt_session).write_files()
+        opt_session.close()

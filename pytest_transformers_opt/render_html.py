@@ -1,0 +1,567 @@
+"""The report as one self-contained HTML page (``--opt-report-html``).
+
+Nothing is fetched when the page is viewed: the CSS is inline, the charts are inline SVG drawn
+here, and there is no script, font or image from anywhere else. Every piece of text from the
+report goes through :func:`html.escape`.
+
+Charts, each readable at a glance:
+
+- speedup per test, horizontal bars with a line at 1.0x (as fast as the baseline) and a tick at
+  the test's ``min_speedup`` budget;
+- peak memory, baseline and optimized as paired bars, with the ratio and any ``max_memory`` tick;
+- KL divergence per test on a log scale, with the ``max_kl`` budget tick;
+- agreement with the baseline (top-1 and token match), with the ``min_top1`` and
+  ``min_token_match`` ticks.
+
+Under them: the failed budgets, the results table (the same cells as the Markdown report),
+estimated figures apart, the skipped techniques grouped by reason, and the environment.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from . import render_markdown as text
+
+OK_COLOR = "#2e8b57"
+FAIL_COLOR = "#d64541"
+WARN_COLOR = "#e09b2d"
+BASE_COLOR = "#9aa5b1"
+OPT_COLOR = "#3b6fd8"
+ALT_COLOR = "#8a5cc4"
+MARKER_COLOR = "#1f2933"
+GRID_COLOR = "#e4e7eb"
+
+_WIDTH = 680
+_LABEL_W = 220
+_VALUE_W = 112
+_PLOT_X = _LABEL_W
+_PLOT_W = _WIDTH - _LABEL_W - _VALUE_W
+_TOP = 44
+_BOTTOM = 30
+_LABEL_CHARS = 32
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+# --------------------------------------------------------------------------- chart model
+
+
+@dataclass
+class Bar:
+    """One bar; ``value`` None draws no bar (the ``text`` still says why)."""
+
+    value: float | None
+    text: str
+    color: str
+    series: str = ""
+    marker: float | None = None
+    marker_label: str = ""
+
+
+@dataclass
+class Row:
+    label: str
+    title: str
+    bars: list[Bar] = field(default_factory=list)
+
+
+@dataclass
+class RefLine:
+    value: float
+    label: str
+
+
+class LinearScale:
+    def __init__(self, lo: float, hi: float, fmt: Callable[[float], str]) -> None:
+        self.lo, self.hi, self.fmt = lo, hi if hi > lo else lo + 1.0, fmt
+
+    def pos(self, value: float) -> float:
+        return min(1.0, max(0.0, (value - self.lo) / (self.hi - self.lo)))
+
+    def ticks(self) -> list[float]:
+        raw = (self.hi - self.lo) / 5
+        magnitude = 10 ** math.floor(math.log10(raw))
+        step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+        first = math.ceil(self.lo / step - 1e-9) * step
+        count = int((self.hi - first) / step + 1e-9) + 1
+        ticks = [first + i * step for i in range(count)]
+        if ticks[0] - self.lo > step / 2 + 1e-9:  # label the left edge when the axis does not start at a tick
+            ticks.insert(0, self.lo)
+        return ticks
+
+
+class LogScale:
+    def __init__(self, lo: float, hi: float, fmt: Callable[[float], str]) -> None:
+        self.lo_exp = math.floor(math.log10(lo))
+        self.hi_exp = max(math.ceil(math.log10(hi)), self.lo_exp + 1)
+        self.fmt = fmt
+
+    def pos(self, value: float) -> float:
+        if value <= 0:
+            return 0.0
+        return min(1.0, max(0.0, (math.log10(value) - self.lo_exp) / (self.hi_exp - self.lo_exp)))
+
+    def ticks(self) -> list[float]:
+        span = self.hi_exp - self.lo_exp
+        step = 1 if span <= 6 else 2
+        return [10.0**e for e in range(self.lo_exp, self.hi_exp + 1, step)]
+
+
+Scale = Union[LinearScale, LogScale]
+
+
+def _x(scale: Scale, value: float) -> float:
+    return _PLOT_X + scale.pos(value) * _PLOT_W
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _short_label(nodeid: str) -> str:
+    label = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
+    return label if len(label) <= _LABEL_CHARS else label[: _LABEL_CHARS - 1] + "…"
+
+
+def _svg_chart(
+    chart_id: str,
+    title: str,
+    rows: Sequence[Row],
+    scale: Scale | None,
+    *,
+    legend: Sequence[tuple[str, str]] = (),
+    ref_lines: Sequence[RefLine] = (),
+    empty: str = "No measured figures for this chart.",
+) -> str:
+    """An inline SVG of horizontal bars: one group per row, one bar per series."""
+    if not rows or scale is None:
+        return (
+            f'<svg class="chart-svg" viewBox="0 0 {_WIDTH} 60" width="{_WIDTH}" height="60" role="img" '
+            f'aria-label="{_e(title)}: no data"><text x="{_WIDTH / 2}" y="34" text-anchor="middle" '
+            f'class="empty">{_e(empty)}</text></svg>'
+        )
+    bars_per_row = max(len(row.bars) for row in rows)
+    bar_h = 16 if bars_per_row == 1 else 12
+    gap = 2
+    row_h = bars_per_row * bar_h + (bars_per_row - 1) * gap + 12
+    height = _TOP + row_h * len(rows) + _BOTTOM
+    plot_bottom = _TOP + row_h * len(rows)
+    parts = [
+        f'<svg class="chart-svg" id="{_e(chart_id)}" viewBox="0 0 {_WIDTH} {height}" width="{_WIDTH}" '
+        f'height="{height}" role="img" aria-label="{_e(title)}">',
+        f"<title>{_e(title)}</title>",
+    ]
+    # legend, top left of the plot
+    x = _PLOT_X
+    for label, color in legend:
+        if color == "marker":
+            parts.append(f'<line x1="{x + 5}" y1="8" x2="{x + 5}" y2="22" class="marker"/>')
+        else:
+            parts.append(f'<rect x="{x}" y="9" width="11" height="11" rx="2" fill="{_e(color)}"/>')
+        parts.append(f'<text x="{x + 16}" y="19" class="legend">{_e(label)}</text>')
+        x += 26 + 6.4 * len(label)
+    # grid and axis
+    for tick in scale.ticks():
+        tx = _x(scale, tick)
+        parts.append(f'<line x1="{tx:.1f}" y1="{_TOP - 4}" x2="{tx:.1f}" y2="{plot_bottom}" class="grid"/>')
+        parts.append(f'<text x="{tx:.1f}" y="{plot_bottom + 16}" text-anchor="middle" class="tick">'
+                     f"{_e(scale.fmt(tick))}</text>")
+    parts.append(f'<line x1="{_PLOT_X}" y1="{_TOP - 4}" x2="{_PLOT_X}" y2="{plot_bottom}" class="axis"/>')
+    # rows
+    for index, row in enumerate(rows):
+        y0 = _TOP + index * row_h + 6
+        centre = y0 + (row_h - 12) / 2
+        parts.append(f'<g class="row"><title>{_e(row.title)}</title>')
+        parts.append(f'<text x="{_LABEL_W - 8}" y="{centre + 4:.1f}" text-anchor="end" class="label">'
+                     f"{_e(row.label)}</text>")
+        for b, bar in enumerate(row.bars):
+            by = y0 + b * (bar_h + gap)
+            end = _PLOT_X
+            if bar.value is not None:
+                end = _x(scale, bar.value)
+                width = max(end - _PLOT_X, 1.5)
+                tip = f"{bar.series}: {bar.text}" if bar.series else bar.text
+                parts.append(f'<rect x="{_PLOT_X}" y="{by}" width="{width:.1f}" height="{bar_h}" rx="2" '
+                             f'fill="{_e(bar.color)}"><title>{_e(tip)}</title></rect>')
+                end = _PLOT_X + width
+            text_x = end + 5
+            if bar.marker is not None:
+                mx = _x(scale, bar.marker)
+                parts.append(f'<line x1="{mx:.1f}" y1="{by - 3}" x2="{mx:.1f}" y2="{by + bar_h + 3}" '
+                             f'class="marker"><title>{_e(bar.marker_label)}</title></line>')
+                if text_x - 4 <= mx <= text_x + 6.5 * len(bar.text):  # keep the figure clear of the tick
+                    text_x = mx + 6
+            parts.append(f'<text x="{text_x:.1f}" y="{by + bar_h - 3}" class="value">{_e(bar.text)}</text>')
+        parts.append("</g>")
+    for ref in ref_lines:
+        rx = _x(scale, ref.value)
+        parts.append(f'<line x1="{rx:.1f}" y1="{_TOP - 8}" x2="{rx:.1f}" y2="{plot_bottom}" class="ref"/>')
+        parts.append(f'<text x="{rx + 4:.1f}" y="{_TOP - 10}" class="ref-label">{_e(ref.label)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+# --------------------------------------------------------------------------- the four charts
+
+
+def _measured_tests(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [test for test, _row in text.table_rows(report) if test.get("outcome") != "skipped"]
+
+
+def _budget(test: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    for budget in test.get("budgets") or []:
+        if isinstance(budget, dict) and budget.get("name") == name:
+            return budget
+    return None
+
+
+def _limit(test: Mapping[str, Any], name: str) -> float | None:
+    budget = _budget(test, name)
+    return _finite(budget.get("limit")) if budget else None
+
+
+def _failed(test: Mapping[str, Any], name: str) -> bool:
+    return name in text.failed_budget_names(test)
+
+
+def _nice_max(values: Iterable[float], floor: float) -> float:
+    top = max([floor, *values])
+    return top * 1.12
+
+
+def speedup_chart(report: Mapping[str, Any]) -> str:
+    rows = []
+    for test in _measured_tests(report):
+        raw = test.get("speedup")
+        if raw is None:
+            continue
+        value = _finite(raw)
+        limit = _limit(test, "min_speedup")
+        if value is None or _failed(test, "min_speedup"):
+            color = FAIL_COLOR
+        else:
+            color = OK_COLOR if value >= 1.0 else WARN_COLOR
+        rows.append(Row(_short_label(str(test["nodeid"])), str(test["nodeid"]), [Bar(
+            value, text.format_times(raw), color, "speedup",
+            limit, f"min_speedup {text.format_times(limit)}" if limit is not None else "")]))
+    values = [v for row in rows for bar in row.bars for v in (bar.value, bar.marker) if v is not None]
+    scale = LinearScale(0.0, _nice_max(values, 1.0), lambda v: f"{v:g}x") if rows else None
+    return _svg_chart(
+        "chart-speedup", "Speedup per test", rows, scale,
+        legend=[("≥ 1.0x", OK_COLOR), ("< 1.0x", WARN_COLOR), ("budget failed", FAIL_COLOR),
+                ("min_speedup", "marker")],
+        ref_lines=[RefLine(1.0, "1.0x = baseline")],
+    )
+
+
+def memory_chart(report: Mapping[str, Any]) -> str:
+    rows = []
+    for test in _measured_tests(report):
+        base = _metric(test, "baseline", "peak_memory_bytes")
+        opt = _metric(test, "optimized", "peak_memory_bytes")
+        if base is None and opt is None:
+            continue
+        limit = _limit(test, "max_memory")
+        over = _failed(test, "max_memory") or _failed(test, "max_memory_ratio")
+        ratio = test.get("memory_ratio")
+        opt_text = text.format_memory(opt)
+        if ratio is not None:
+            opt_text += f" ({text.format_times(ratio)})"
+        rows.append(Row(_short_label(str(test["nodeid"])), str(test["nodeid"]), [
+            Bar(_finite(base), text.format_memory(base), BASE_COLOR, "baseline peak memory"),
+            Bar(_finite(opt), opt_text, FAIL_COLOR if over else OPT_COLOR, "optimized peak memory",
+                limit, f"max_memory {text.format_memory(limit)}" if limit is not None else ""),
+        ]))
+    values = [v for row in rows for bar in row.bars for v in (bar.value, bar.marker) if v is not None]
+    scale = None
+    if rows:
+        # bars in the unit of the largest figure, so that the axis reads 0, 1, 2 GiB
+        top = max(values, default=1.0)
+        unit, factor = next(((u, f) for u, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if top >= f),
+                            ("B", 1))
+        for row in rows:
+            for bar in row.bars:
+                bar.value = None if bar.value is None else bar.value / factor
+                bar.marker = None if bar.marker is None else bar.marker / factor
+        scale = LinearScale(0.0, _nice_max([v / factor for v in values], 1e-9), lambda v: f"{v:g} {unit}")
+    return _svg_chart(
+        "chart-memory", "Peak memory, baseline vs optimized", rows, scale,
+        legend=[("baseline", BASE_COLOR), ("optimized", OPT_COLOR), ("over budget", FAIL_COLOR),
+                ("max_memory", "marker")],
+    )
+
+
+def kl_chart(report: Mapping[str, Any]) -> str:
+    rows = []
+    for test in _measured_tests(report):
+        raw = _similarity(test, "kl_mean")
+        limit = _limit(test, "max_kl")
+        if raw is None and limit is None:
+            continue
+        value = _finite(raw)
+        over = _failed(test, "max_kl") or value is None or (limit is not None and value > limit)
+        rows.append(Row(_short_label(str(test["nodeid"])), str(test["nodeid"]), [Bar(
+            value, text.format_kl(raw), FAIL_COLOR if over else OPT_COLOR, "KL mean",
+            limit, f"max_kl {text.format_kl(limit)}" if limit is not None else "")]))
+    positive = [v for row in rows for bar in row.bars for v in (bar.value, bar.marker) if v is not None and v > 0]
+    scale = None
+    if rows:
+        lo, hi = (min(positive), max(positive)) if positive else (1e-4, 1e-1)
+        scale = LogScale(max(lo, hi * 1e-10), hi, lambda v: f"{v:.0e}".replace("e-0", "e-").replace("e+0", "e"))
+    return _svg_chart(
+        "chart-kl", "KL(baseline ‖ optimized), mean over the shared prefix (log scale)", rows, scale,
+        legend=[("KL mean", OPT_COLOR), ("over budget", FAIL_COLOR), ("max_kl", "marker")],
+    )
+
+
+def agreement_chart(report: Mapping[str, Any]) -> str:
+    rows = []
+    for test in _measured_tests(report):
+        top1, match = _similarity(test, "top1"), _similarity(test, "token_match")
+        if top1 is None and match is None:
+            continue
+        bars = []
+        for raw, name, budget, color in ((top1, "top-1", "min_top1", OPT_COLOR),
+                                         (match, "token match", "min_token_match", ALT_COLOR)):
+            value, limit = _finite(raw), _limit(test, budget)
+            under = _failed(test, budget) or (raw is not None and value is None)
+            label = text.format_percent(raw)
+            if name == "token match" and _similarity(test, "near_tie") and raw is not None:
+                label += " near-tie"
+            bars.append(Bar(value, label, FAIL_COLOR if under else color, name, limit,
+                            f"{budget} {text.format_percent(limit)}" if limit is not None else ""))
+        rows.append(Row(_short_label(str(test["nodeid"])), str(test["nodeid"]), bars))
+    values = [v for row in rows for bar in row.bars for v in (bar.value, bar.marker) if v is not None]
+    scale = None
+    if rows:
+        lo = max(0.0, min(0.8, math.floor((min(values, default=0.9) - 0.02) * 5) / 5))
+        scale = LinearScale(lo, 1.0, lambda v: f"{v * 100:g}%")
+    title = "Agreement with the baseline: top-1 and greedy token match"
+    if scale is not None and scale.lo > 0:
+        title += f" (axis from {scale.lo * 100:g}%)"
+    return _svg_chart(
+        "chart-agreement", title, rows, scale,
+        legend=[("top-1", OPT_COLOR), ("token match", ALT_COLOR), ("below budget", FAIL_COLOR),
+                ("min_top1 / min_token_match", "marker")],
+    )
+
+
+def _metric(test: Mapping[str, Any], which: str, key: str) -> Any:
+    metrics = test.get(which)
+    return metrics.get(key) if isinstance(metrics, dict) else None
+
+
+def _similarity(test: Mapping[str, Any], key: str) -> Any:
+    similarity = test.get("similarity")
+    return similarity.get(key) if isinstance(similarity, dict) else None
+
+
+CHARTS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], str]], ...] = (
+    ("Speedup", "Baseline median latency / optimized median latency. Right of the 1.0x line is faster.",
+     speedup_chart),
+    ("Peak memory", "Peak device memory during load and generation; the ratio is optimized / baseline.",
+     memory_chart),
+    ("KL divergence", "Mean KL of next-token distributions; bars must stay left of the max_kl tick.", kl_chart),
+    ("Agreement", "Top-1 and greedy token match; bars must reach the min_top1 / min_token_match tick.",
+     agreement_chart),
+)
+
+
+# --------------------------------------------------------------------------- page
+
+_CSS = """
+:root { color-scheme: light; --fg: #1f2933; --muted: #616e7c; --line: #e4e7eb; --bg: #ffffff;
+  --panel: #f7f8fa; --fail: #d64541; --ok: #2e8b57; --warn: #b7791f; }
+* { box-sizing: border-box; }
+body { margin: 0; padding: 24px 24px 48px; background: var(--bg); color: var(--fg);
+  font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
+h1 { font-size: 24px; margin: 0 0 4px; }
+h2 { font-size: 18px; margin: 28px 0 10px; }
+.context { color: var(--muted); margin: 0 0 10px; }
+.counts { display: flex; gap: 8px; flex-wrap: wrap; }
+.pill { padding: 2px 10px; border-radius: 999px; font-weight: 600; font-size: 13px; background: var(--panel);
+  border: 1px solid var(--line); }
+.pill.passed { color: var(--ok); } .pill.failed, .pill.error { color: var(--fail); }
+.pill.skipped { color: var(--muted); } .pill.zero { opacity: .55; }
+.note { background: #fff8e6; border-left: 4px solid var(--warn); padding: 6px 10px; margin: 12px 0 0; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 16px; }
+figure.chart { margin: 0; padding: 12px 14px 8px; border: 1px solid var(--line); border-radius: 8px;
+  background: var(--bg); }
+figure.chart figcaption { margin-bottom: 6px; }
+figure.chart figcaption strong { font-size: 15px; display: block; }
+figure.chart figcaption span { color: var(--muted); font-size: 12.5px; }
+svg.chart-svg { width: 100%; height: auto; display: block; }
+svg text { font-family: inherit; fill: var(--fg); }
+svg .label { font-size: 12px; } svg .legend { font-size: 11.5px; }
+svg .value { font-size: 11.5px; paint-order: stroke; stroke: #ffffff; stroke-width: 3px; stroke-linejoin: round; }
+svg .tick { font-size: 11px; fill: var(--muted); } svg .empty { font-size: 13px; fill: var(--muted); }
+svg .grid { stroke: #e4e7eb; stroke-width: 1; } svg .axis { stroke: #9aa5b1; stroke-width: 1; }
+svg .marker { stroke: #1f2933; stroke-width: 2.5; }
+svg .ref { stroke: #1f2933; stroke-width: 1.5; stroke-dasharray: 5 3; }
+svg .ref-label { font-size: 11px; font-weight: 600; paint-order: stroke; stroke: #ffffff; stroke-width: 3px; }
+svg g.row:hover .label { font-weight: 700; }
+.table-wrap { overflow-x: auto; border: 1px solid var(--line); border-radius: 8px; }
+table { border-collapse: collapse; width: 100%; font-size: 12.5px; }
+th, td { padding: 5px 7px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
+th { background: var(--panel); font-weight: 600; }
+td.num { white-space: nowrap; font-variant-numeric: tabular-nums; }
+td.test { min-width: 13em; } td.test code { overflow-wrap: anywhere; }
+td.test .techniques { display: block; color: var(--muted); margin-top: 2px; }
+td .reason { display: block; font-weight: 400; font-size: 11.5px; color: var(--muted); white-space: normal; }
+td.outcome-skipped { min-width: 10em; }
+td.regression { min-width: 8em; }
+td.pair span { display: block; } td.pair .base { color: var(--muted); }
+code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12px; }
+tr.failed td, tr.error td { background: #fdf1f1; }
+tr.skipped td { color: var(--muted); }
+td.bad { color: var(--fail); font-weight: 600; }
+td.outcome-passed { color: var(--ok); font-weight: 600; }
+td.outcome-failed, td.outcome-error { color: var(--fail); font-weight: 600; }
+ul.skipped li { margin-bottom: 6px; } ul.skipped ul { margin: 4px 0 0; color: var(--muted); }
+details { margin-top: 28px; border: 1px solid var(--line); border-radius: 8px; padding: 8px 14px; }
+details summary { cursor: pointer; font-weight: 600; }
+details table { margin-top: 8px; width: auto; }
+footer { margin-top: 32px; color: var(--muted); font-size: 12px; }
+"""
+
+
+def _html_table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, cls: str = "") -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<div class="table-wrap"><table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+_PAIR_KEYS = ("ttft", "tpot", "throughput", "memory")
+
+
+def _results_table(report: Mapping[str, Any]) -> str:
+    cols = text.columns(report)
+    head = "".join(f"<th>{_e('Test and techniques' if key == 'test' else header)}</th>"
+                   for key, header in cols if key != "techniques")
+    body = []
+    for test, row in text.table_rows(report):
+        outcome = str(test.get("outcome") or "")
+        cells = []
+        for key, _header in cols:
+            value = row[key]
+            if key == "test":
+                cells.append(f'<td class="test"><code>{_e(value)}</code>'
+                             f'<span class="techniques">{_e(row["techniques"])}</span></td>')
+            elif key == "techniques":
+                continue  # shown under the test id
+            elif key == "outcome" and value.startswith("skipped: "):
+                cells.append(f'<td class="outcome-skipped">skipped<span class="reason">'
+                             f'{_e(value[len("skipped: "):])}</span></td>')
+            elif key == "outcome":
+                cells.append(f'<td class="outcome-{_e(outcome)}">{_e(value)}</td>')
+            elif key == "failed_budgets" and value != text.MISSING:
+                cells.append(f'<td class="bad">{_e(value)}</td>')
+            elif key == "regression" and value.startswith("regressed"):
+                cells.append(f'<td class="bad">{_e(value)}</td>')
+            elif key == "regression":
+                cells.append(f'<td class="{key}">{_e(value)}</td>')
+            elif key == "token_match" and value.endswith(" (near-tie)"):
+                cells.append(f'<td class="num">{_e(value[: -len(" (near-tie)")])}'
+                             '<span class="reason">near-tie</span></td>')
+            elif key in _PAIR_KEYS and " / " in value:
+                optimized, baseline = value.split(" / ", 1)
+                cells.append(f'<td class="num pair"><span class="opt">{_e(optimized)}</span>'
+                             f'<span class="base">{_e(baseline)}</span></td>')
+            else:
+                cells.append(f'<td class="num">{_e(value)}</td>')
+        body.append(f'<tr class="{_e(outcome)}">' + "".join(cells) + "</tr>")
+    return (f'<div class="table-wrap"><table class="results"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
+
+
+def render_html(report: dict[str, Any]) -> str:
+    """The report as one self-contained HTML page with inline CSS and inline SVG charts."""
+    summary = text.summary_text(report)
+    counts = text.summary_counts(report)
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>Optimization report: {_e(summary)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<header><h1>Optimization report</h1>",
+        f'<p class="context">{_e(text.context_text(report))}</p>',
+        '<div class="counts">' + "".join(
+            f'<span class="pill {key}{" zero" if not counts[key] else ""}">{counts[key]} {key}</span>'
+            for key in ("passed", "failed", "skipped", "error")) + "</div>",
+    ]
+    note = text.budgets_mode_note(report)
+    if note:
+        out.append(f'<p class="note">{_e(note)}</p>')
+    out.append("</header>")
+
+    budget_rows = text.failed_budget_rows(report)
+    if budget_rows:
+        with_note = any(row["note"] for row in budget_rows)
+        headers = ["Test", "Budget", "Measured", "Limit", "Source"] + (["Note"] if with_note else [])
+        keys = ["test", "budget", "measured", "limit", "source"] + (["note"] if with_note else [])
+        out.append('<section id="failed-budgets"><h2>Failed budgets</h2>')
+        out.append(_html_table(headers, ([row[k] or text.MISSING for k in keys] for row in budget_rows),
+                               cls="failed-budgets"))
+        out.append("</section>")
+
+    out.append('<section id="charts"><h2>At a glance</h2><div class="grid">')
+    for name, caption, chart in CHARTS:
+        out.append(f'<figure class="chart"><figcaption><strong>{_e(name)}</strong>'
+                   f"<span>{_e(caption)}</span></figcaption>{chart(report)}</figure>")
+    out.append("</div></section>")
+
+    out.append('<section id="results"><h2>Results</h2>')
+    if text.table_rows(report):
+        out.append(_results_table(report))
+    else:
+        out.append("<p>No test used <code>opt_bench</code> in this run.</p>")
+    out.append("</section>")
+
+    estimates = text.estimate_rows(report)
+    if estimates:
+        out.append('<section id="estimates"><h2>Estimated figures (estimate)</h2>'
+                   "<p>Not measured in this run; kept apart from the measured figures above.</p>")
+        out.append(_html_table(["Test", "Figure", "Value (estimate)"],
+                               ([r["test"], r["figure"], f"{r['value']} (estimate)"] for r in estimates)))
+        out.append("</section>")
+
+    groups = text.skipped_groups(report)
+    if groups:
+        out.append('<section id="skipped"><h2>Skipped techniques</h2><ul class="skipped">')
+        for reason, tests in groups:
+            items = "".join(
+                f"<li><code>{_e(t.get('nodeid'))}</code>"
+                + (f" — {_e(' + '.join(str(n) for n in t.get('techniques') or []))}" if t.get("techniques") else "")
+                + "</li>" for t in tests)
+            out.append(f"<li><strong>{_e(reason)}</strong> ({len(tests)} {'test' if len(tests) == 1 else 'tests'})"
+                       f"<ul>{items}</ul></li>")
+        out.append("</ul></section>")
+
+    problems = text.problem_rows(report)
+    if problems:
+        out.append('<section id="problems"><h2>Failures and errors</h2>')
+        out.append(_html_table(["Test", "Outcome", "Error"], ([r["test"], r["outcome"], r["error"]] for r in problems)))
+        out.append("</section>")
+
+    advice = text.advice_lines(report)
+    if advice:
+        out.append('<section id="advice"><h2>Advice</h2><ul>' + "".join(f"<li>{_e(a)}</li>" for a in advice)
+                   + "</ul></section>")
+
+    out.append("<details><summary>Environment</summary>")
+    out.append(_html_table(["Item", "Value"], text.environment_rows(report), cls="environment"))
+    out.append("</details>")
+    out.append(f"<footer>pytest-transformers-opt report, schema {_e(report.get('schema'))} "
+               f"version {_e(report.get('schema_version'))}, created {_e(report.get('created'))}</footer>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"

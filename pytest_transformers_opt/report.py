@@ -1,0 +1,191 @@
+"""The report: one record per test that used the plugin, as a terminal table and a JSON file.
+
+``build_report`` makes the versioned JSON document; every other format (terminal, Markdown, HTML)
+renders that document, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .units import format_bytes, format_duration
+
+if TYPE_CHECKING:
+    from .options import Settings
+    from .session import OptSession
+
+SCHEMA = "pytest-transformers-opt/report"
+SCHEMA_VERSION = 1
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf become null (the schema's 'not a number' marker)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def build_report(session: "OptSession") -> dict[str, Any]:
+    tests = []
+    summary = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    for record in session.records.values():
+        summary[record.outcome] = summary.get(record.outcome, 0) + 1
+        entry: dict[str, Any] = {
+            "nodeid": record.nodeid, "outcome": record.outcome, "skip_reason": record.skip_reason,
+            "error": record.error, "model": None, "techniques": [], "baseline_techniques": [], "workload": None,
+            "baseline": None, "optimized": None, "speedup": None, "memory_ratio": None, "similarity": None,
+            "budgets": [], "failed_budgets": [], "estimates": {}, "regression": None,
+        }
+        if record.plan is not None:
+            plan = record.plan
+            entry["model"] = {"name_or_path": plan.marked.model.name_or_path, "revision": plan.marked.model.revision,
+                              "dtype": plan.probe_context.dtype}
+            entry["techniques"] = list(plan.declared)
+            entry["baseline_techniques"] = plan.baseline.labels
+        if record.result is not None:
+            entry.update(record.result.to_dict())
+        tests.append(_clean(entry))
+    hardware = session.hardware
+    report: dict[str, Any] = {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "environment": _clean(hardware.as_environment()),
+        "settings": {"budgets_mode": session.settings.budgets, "rounds": session.settings.rounds,
+                     "warmup": session.settings.warmup, "device": hardware.device,
+                     "default_model": session.settings.model},
+        "tests": tests, "summary": summary, "advice": None,
+    }
+    return report
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder and rename, so no reader sees half a file."""
+    path = path.expanduser()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent.resolve()))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _pair(opt: Any, base: Any, fmt: Any) -> str:
+    return f"{fmt(opt)} / {fmt(base)}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.1f}"
+
+
+def _num(value: float | None, pattern: str = "{:.3g}") -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def table_rows(report: dict[str, Any]) -> list[list[str]]:
+    header = ["test", "techniques", "outcome", "TTFT ms opt/base", "TPOT ms opt/base", "tok/s opt/base", "speedup",
+              "peak mem opt/base", "mem ratio", "token match", "KL mean", "top-1", "failed budgets"]
+    rows = [header]
+    ordered = sorted(report["tests"], key=lambda t: (not t["failed_budgets"], t["outcome"] != "failed"))
+    for test in ordered:
+        base, opt = test.get("baseline") or {}, test.get("optimized") or {}
+        sim = test.get("similarity") or {}
+        outcome = test["outcome"]
+        rows.append([
+            test["nodeid"].split("::")[-1], ", ".join(test["techniques"]) or "-", outcome,
+            _pair(opt.get("ttft_s"), base.get("ttft_s"), _ms), _pair(opt.get("tpot_s"), base.get("tpot_s"), _ms),
+            _pair(opt.get("throughput_tok_s"), base.get("throughput_tok_s"), lambda v: _num(v, "{:.0f}")),
+            _num(test.get("speedup"), "{:.2f}x"),
+            _pair(opt.get("peak_memory_bytes"), base.get("peak_memory_bytes"), format_bytes),
+            _num(test.get("memory_ratio"), "{:.2f}x"), _num(sim.get("token_match"), "{:.2f}"),
+            _num(sim.get("kl_mean"), "{:.2e}"), _num(sim.get("top1"), "{:.2f}"),
+            ", ".join(test["failed_budgets"]) or "-",
+        ])
+    return rows
+
+
+def render_table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
+def terminal_lines(report: dict[str, Any]) -> list[str]:
+    """The ``--opt-report`` text: the table, skip reasons, compile times, errors."""
+    if not report["tests"]:
+        return ["no test used opt_bench, opt_model or opt_baseline_model"]
+    lines = render_table(table_rows(report))
+    skipped = [t for t in report["tests"] if t["outcome"] == "skipped"]
+    if skipped:
+        lines += ["", "skipped:"]
+        lines += [f"  {t['nodeid'].split('::')[-1]}: {t['skip_reason']}" for t in skipped]
+    compiled = [t for t in report["tests"] if (t.get("optimized") or {}).get("compile_time_s") is not None]
+    if compiled:
+        lines += ["", "compile time (warm-up, not in the figures above):"]
+        lines += [f"  {t['nodeid'].split('::')[-1]}: {format_duration(t['optimized']['compile_time_s'])}, "
+                  f"recompiles during measured rounds: {t['optimized'].get('recompiles')}" for t in compiled]
+    errors = [t for t in report["tests"] if t["outcome"] in ("failed", "error") and not t["failed_budgets"] and t["error"]]
+    if errors:
+        lines += ["", "failed or errored (not on budgets):"]
+        lines += [f"  {t['nodeid'].split('::')[-1]}: {t['error'].splitlines()[-1][:200]}" for t in errors]
+    env = report["environment"]
+    lines += ["", f"measured on {env.get('device')} ({env.get('gpu_name') or env.get('platform')}), torch "
+                  f"{env.get('torch')}, transformers {env.get('transformers')}; all figures measured, medians of "
+                  f"{report['settings']['rounds']} interleaved rounds; peak memory is a delta over what was resident "
+                  f"before load"]
+    return lines
+
+
+class ReportWriter:
+    def __init__(self, session: "OptSession") -> None:
+        self.session = session
+        self.settings = session.settings
+
+    def _report(self) -> dict[str, Any]:
+        report = build_report(self.session)
+        self.session.config.hook.pytest_opt_report_extra(config=self.session.config, report=report)
+        return report
+
+    def terminal(self, reporter: Any) -> None:
+        if not self.settings.report:
+            return
+        reporter.write_sep("=", "transformers optimization report")
+        for line in terminal_lines(self._report()):
+            reporter.write_line(line)
+
+    def write_files(self) -> None:
+        if not self.settings.report_json:
+            return
+        report = self._report()
+        write_atomic(Path(self.settings.report_json), json.dumps(report, indent=2, sort_keys=False) + "\n")
+
+
+def print_catalogue(config: pytest.Config, settings: "Settings") -> int:
+    """``--opt-techniques``: every technique, whether this machine can run it, and why not."""
+    from .session import OptSession
+
+    session = OptSession(config, settings)
+    hw = session.hardware
+    print(f"technique catalogue on {hw.describe()} (torch {hw.versions.get('torch')}, transformers "
+          f"{hw.versions.get('transformers')}):")
+    for name, summary, reason in session.technique_support():
+        status = "supported" if reason is None else f"unsupported: {reason}"
+        print(f"  {name:<24} {summary}\n  {'':<24} -> {status}")
+    return 0

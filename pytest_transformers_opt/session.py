@@ -1,0 +1,211 @@
+"""The session object behind every hook and fixture, stored in ``config.stash``.
+
+It owns the settings, the hardware probe, the technique registry, the model cache, the baseline
+reference runs and what each test recorded for the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from .budgets import Budget, resolve_budgets, worst_quality
+from .errors import OptConfigError
+from .hardware import HardwareInfo, probe_hardware
+from .loading import ModelCache, ModelRequest, OptModel, load_model, read_model_config, resolve_model_path
+from .markers import MarkedTest, read_markers
+from .options import Settings
+from .techniques import (GenerationSettings, ProbeContext, Technique, TechniqueRegistry, build_registry,
+                         check_stack)
+
+SESSION_KEY = pytest.StashKey["OptSession"]()
+
+
+@dataclass
+class Configuration:
+    """One side of a comparison: a model and the technique stack it runs with."""
+
+    request: ModelRequest
+    techniques: list[Technique]
+
+    @property
+    def labels(self) -> list[str]:
+        return [t.label() for t in self.techniques]
+
+
+@dataclass
+class TestPlan:
+    """Everything the markers of one test resolve to, checked, before any model loads."""
+
+    nodeid: str
+    marked: MarkedTest
+    model_path: str
+    probe_context: ProbeContext
+    baseline: Configuration
+    optimized: Configuration
+    declared: list[str]  # the techniques the optimization marker names
+    budgets: dict[str, Budget]
+
+
+@dataclass
+class TestRecord:
+    """What the report shows for one test."""
+
+    nodeid: str
+    outcome: str = "passed"
+    skip_reason: str | None = None
+    error: str | None = None
+    plan: TestPlan | None = None
+    result: Any = None  # OptResult
+
+
+def _stack_with_inheritance(baseline: list[Technique], declared: list[Technique]) -> list[Technique]:
+    """The optimized stack: the baseline's techniques, overridden by the declared ones where they clash.
+
+    So ``optimization("static_cache")`` measures the cache alone, on the baseline's attention and dtype.
+    """
+    kept = []
+    for inherited in baseline:
+        clashes = any(
+            d.name == inherited.name
+            or (d.exclusive_group and d.exclusive_group == inherited.exclusive_group)
+            or d.conflicts_with(inherited) or inherited.conflicts_with(d)
+            for d in declared
+        )
+        if not clashes:
+            kept.append(inherited)
+    return kept + declared
+
+
+class OptSession:
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self._hardware: HardwareInfo | None = None
+        self._registry: TechniqueRegistry | None = None
+        self._models: ModelCache | None = None
+        self.reference_runs: dict[tuple[Any, ...], Any] = {}
+        self.reference_run_count = 0
+        self.records: dict[str, TestRecord] = {}
+        self._configs: dict[str, Any] = {}
+
+    # -- lazily built pieces ------------------------------------------------------------------------
+    @property
+    def hardware(self) -> HardwareInfo:
+        if self._hardware is None:
+            self._hardware = probe_hardware(self.settings.device)
+        return self._hardware
+
+    @property
+    def device(self) -> str:
+        return self.hardware.device
+
+    @property
+    def registry(self) -> TechniqueRegistry:
+        """Built on first use, after every conftest had its chance to register techniques."""
+        if self._registry is None:
+            registry = build_registry()
+            self.config.hook.pytest_opt_register_techniques(registry=registry)
+            self._registry = registry
+        return self._registry
+
+    @property
+    def models(self) -> ModelCache:
+        if self._models is None:
+            self._models = ModelCache(self.device)
+        return self._models
+
+    def record(self, nodeid: str) -> TestRecord:
+        return self.records.setdefault(nodeid, TestRecord(nodeid))
+
+    # -- planning -----------------------------------------------------------------------------------
+    def plan(self, item: pytest.Item) -> TestPlan:
+        """Resolve and check the markers of ``item``; raises ``OptConfigError`` for bad input."""
+        default_source = self.settings.sources.get("model", "default")
+        marked = read_markers(item, self.settings.model, f"{default_source} default model", self.settings.baseline)
+        registry = self.registry
+        declared = [registry.resolve(spec, "@pytest.mark.optimization") for spec in marked.techniques]
+        check_stack(declared, "@pytest.mark.optimization")
+        baseline = [registry.resolve(spec, f"baseline ({marked.baseline_origin})") for spec in marked.baseline]
+        check_stack(baseline, f"baseline ({marked.baseline_origin})")
+        optimized = _stack_with_inheritance(baseline, declared)
+        path = resolve_model_path(marked.model)
+        model_config = self._model_config(marked.model, path)
+        dtype = marked.model.dtype or str(getattr(model_config, "dtype", None) or "float32").removeprefix("torch.")
+        ctx = ProbeContext(hardware=self.hardware, model_config=model_config, dtype=dtype)
+        distributions = not any(t.name == "continuous_batching" for t in optimized)
+        budgets = resolve_budgets(marked.budgets, self.settings.ini_budgets,
+                                  worst_quality([t.quality for t in optimized + baseline]), dtype, distributions,
+                                  "@pytest.mark.optimization")
+        return TestPlan(nodeid=item.nodeid, marked=marked, model_path=path, probe_context=ctx,
+                        baseline=Configuration(marked.model, baseline),
+                        optimized=Configuration(marked.model, optimized),
+                        declared=[t.label() for t in declared], budgets=budgets)
+
+    def _model_config(self, request: ModelRequest, path: str) -> Any:
+        key = (request.identity(), path)
+        if key not in self._configs:
+            self._configs[key] = read_model_config(request, path)
+        return self._configs[key]
+
+    def probe(self, plan: TestPlan) -> None:
+        """Skip (or, in strict mode, fail) when a technique of either side cannot run here."""
+        for technique in plan.baseline.techniques + plan.optimized.techniques:
+            reason = technique.probe(plan.probe_context)
+            if reason is None:
+                continue
+            required = self.settings.require
+            if required and ("all" in required or technique.name in required or technique.label() in required):
+                pytest.fail(f"required technique {technique.label()} cannot run here (--opt-require): {reason}",
+                            pytrace=False)
+            pytest.skip(reason)
+
+    # -- models -------------------------------------------------------------------------------------
+    def opt_model(self, plan: TestPlan, side: Configuration) -> OptModel:
+        load_time = [t for t in side.techniques if t.load_time]
+        key = (side.request.identity(), tuple(sorted(t.label() for t in load_time)), self.device)
+        loaded = self.models.get(key, lambda: load_model(side.request, plan.model_path, load_time,
+                                                         plan.probe_context, self.device, key))
+        generation = GenerationSettings()
+        for technique in side.techniques:
+            technique.configure_generation(generation, plan.probe_context)
+        return OptModel(loaded=loaded, techniques=side.techniques, generation=generation, request=side.request,
+                        device=self.device, probe_context=plan.probe_context)
+
+    def technique_support(self) -> list[tuple[str, str, str | None]]:
+        """(name, summary, why not) for every technique, probed on this machine with no model."""
+        ctx = ProbeContext(hardware=self.hardware, model_config=None, dtype="float32")
+        rows = []
+        for technique_class in self.registry.classes():
+            try:
+                technique = technique_class() if technique_class.name != "hub_kernel" else \
+                    technique_class(repo_id="kernels-community/flash-attn2")
+                reason = technique.probe(ctx)
+            except OptConfigError as exc:
+                reason = str(exc)
+            rows.append((technique_class.name, technique_class.summary, reason))
+        return rows
+
+    # -- outcomes -----------------------------------------------------------------------------------
+    def note_report(self, item: pytest.Item, report: pytest.TestReport) -> None:
+        """Keep each test's outcome (and skip reason / error) for the report."""
+        record = self.record(item.nodeid)
+        if report.skipped:
+            record.outcome = "skipped"
+            longrepr = report.longrepr
+            reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+            record.skip_reason = str(reason).removeprefix("Skipped: ")
+        elif report.failed:
+            record.outcome = "failed" if report.when == "call" else "error"
+            text = report.longreprtext.strip().splitlines()
+            record.error = "\n".join(text[-12:]) if text else None
+        elif report.when == "call" and record.outcome not in ("failed", "error"):
+            record.outcome = "passed"
+
+    def close(self) -> None:
+        """Free every cached model at the end of the session."""
+        if self._models is not None:
+            self._models.clear()
+        self.reference_runs.clear()

@@ -1,0 +1,116 @@
+"""Techniques by catalogue name: ``techniques.quantized_cache(backend="quanto", nbits=4)``.
+
+Every function returns an inert ``TechniqueSpec``; parameters are checked when a test sets up, so a
+bad one is that test's error and never breaks collection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import (GenerationSettings, LoadSettings, ProbeContext, RunEvidence, Technique, TechniqueRegistry,
+                   TechniqueSpec, check_stack)
+from .catalogue import BUILTIN_TECHNIQUES
+
+__all__ = [
+    "Technique", "TechniqueSpec", "TechniqueRegistry", "ProbeContext", "LoadSettings", "GenerationSettings",
+    "RunEvidence", "build_registry", "check_stack", "eager", "sdpa", "flex_attention", "flash_attention_2",
+    "flash_attention_3", "hub_kernel", "kernels", "compile", "static_cache", "offloaded_cache",
+    "offloaded_static_cache", "quantized_cache", "sliding_window_cache", "bnb_8bit", "bnb_4bit", "torchao_int8",
+    "quanto_int8", "hqq_4bit", "tensor_parallel", "continuous_batching",
+]
+
+
+def build_registry() -> TechniqueRegistry:
+    """A registry holding the built-in catalogue (the plugin then lets conftests add theirs)."""
+    registry = TechniqueRegistry()
+    for technique_class in BUILTIN_TECHNIQUES:
+        registry.register(technique_class, origin="built-in")
+    return registry
+
+
+def eager() -> TechniqueSpec:
+    return TechniqueSpec.of("eager")
+
+
+def sdpa() -> TechniqueSpec:
+    return TechniqueSpec.of("sdpa")
+
+
+def flex_attention() -> TechniqueSpec:
+    return TechniqueSpec.of("flex_attention")
+
+
+def flash_attention_2() -> TechniqueSpec:
+    return TechniqueSpec.of("flash_attention_2")
+
+
+def flash_attention_3() -> TechniqueSpec:
+    return TechniqueSpec.of("flash_attention_3")
+
+
+def hub_kernel(repo_id: str) -> TechniqueSpec:
+    """An attention kernel from the Hub; the same as writing the id itself in the marker."""
+    return TechniqueSpec.of(repo_id)
+
+
+def kernels() -> TechniqueSpec:
+    return TechniqueSpec.of("kernels")
+
+
+def compile(**options: Any) -> TechniqueSpec:  # noqa: A001 - the catalogue name is fixed
+    """Static cache + torch.compile; ``options`` go to ``transformers.CompileConfig`` (mode, fullgraph, dynamic)."""
+    return TechniqueSpec.of("compile", **options)
+
+
+def static_cache() -> TechniqueSpec:
+    return TechniqueSpec.of("static_cache")
+
+
+def offloaded_cache() -> TechniqueSpec:
+    return TechniqueSpec.of("offloaded_cache")
+
+
+def offloaded_static_cache() -> TechniqueSpec:
+    return TechniqueSpec.of("offloaded_static_cache")
+
+
+def quantized_cache(backend: str = "quanto", nbits: int = 4, **extra: Any) -> TechniqueSpec:
+    """A quantized KV cache: ``backend`` 'quanto' (nbits 2 or 4) or 'hqq' (nbits 1-8)."""
+    return TechniqueSpec.of("quantized_cache", backend=backend, nbits=nbits, **extra)
+
+
+def sliding_window_cache() -> TechniqueSpec:
+    return TechniqueSpec.of("sliding_window_cache")
+
+
+def bnb_8bit() -> TechniqueSpec:
+    return TechniqueSpec.of("bnb_8bit")
+
+
+def bnb_4bit(quant_type: str = "nf4", compute_dtype: Any = None, **extra: Any) -> TechniqueSpec:
+    """4-bit bitsandbytes weights; ``compute_dtype`` defaults to the model's dtype."""
+    params: dict[str, Any] = {"quant_type": quant_type, **extra}
+    if compute_dtype is not None:
+        params["compute_dtype"] = str(compute_dtype).removeprefix("torch.")
+    return TechniqueSpec.of("bnb_4bit", **params)
+
+
+def torchao_int8() -> TechniqueSpec:
+    return TechniqueSpec.of("torchao_int8")
+
+
+def quanto_int8() -> TechniqueSpec:
+    return TechniqueSpec.of("quanto_int8")
+
+
+def hqq_4bit() -> TechniqueSpec:
+    return TechniqueSpec.of("hqq_4bit")
+
+
+def tensor_parallel(tp_size: int = 2) -> TechniqueSpec:
+    return TechniqueSpec.of("tensor_parallel", tp_size=tp_size)
+
+
+def continuous_batching(max_batch_tokens: int = 512) -> TechniqueSpec:
+    return TechniqueSpec.of("continuous_batching", max_batch_tokens=max_batch_tokens)

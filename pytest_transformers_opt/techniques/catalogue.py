@@ -1,0 +1,601 @@
+"""The built-in technique catalogue (SPEC.md, section Techniques).
+
+Each class states what it needs (``probe``), what it sets (``configure_*``), how it proves that it
+ran (``verify_*``), how lossy it is (``quality``) and where it is documented (``docs``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from ..errors import OptConfigError
+from ..hardware import module_available, package_version
+from .base import (LOSSLESS, LOSSY_4BIT, WEIGHTS_8BIT, GenerationSettings, LoadSettings, ProbeContext,
+                   RunEvidence, Technique)
+
+DOCS = "https://huggingface.co/docs/transformers/main/en"
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def _model_class(config: Any) -> Any:
+    """The causal-LM class transformers would instantiate for ``config`` (None when unknown)."""
+    if config is None:
+        return None
+    try:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM._model_mapping[type(config)]
+    except Exception:
+        return None
+
+
+def _model_flag(config: Any, flag: str) -> bool | None:
+    cls = _model_class(config)
+    return None if cls is None else bool(getattr(cls, flag, False))
+
+
+def _version_ok(installed: str | None, spec: str) -> bool:
+    if installed is None:
+        return False
+    try:
+        return Version(installed) in SpecifierSet(spec)
+    except (InvalidVersion, InvalidSpecifier):
+        return False
+
+
+def kernels_window() -> str:
+    """The ``kernels`` versions the installed transformers accepts (from its dependency table)."""
+    try:
+        from transformers.dependency_versions_table import deps
+
+        return deps.get("kernels", "kernels").removeprefix("kernels") or "any"
+    except Exception:
+        return "unknown"
+
+
+def _kernels_problem() -> str | None:
+    installed = package_version("kernels")
+    window = kernels_window()
+    transformers_version = package_version("transformers")
+    if installed is None:
+        return f"the kernels package ({window} for transformers {transformers_version}); found: not installed"
+    if window not in ("any", "unknown") and not _version_ok(installed, window):
+        return f"kernels {window} (demanded by transformers {transformers_version}); found: kernels {installed}"
+    return None
+
+
+# --- attention backends -------------------------------------------------------------------------
+class AttentionBackend(Technique):
+    family = "attention"
+    exclusive_group = "attention implementation"
+    load_time = True
+    implementation: ClassVar[str] = ""
+    model_flag: ClassVar[str | None] = None
+    docs = f"{DOCS}/attention_interface"
+
+    @property
+    def impl(self) -> str:
+        return self.implementation or self.name
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        if self.model_flag and _model_flag(ctx.model_config, self.model_flag) is False:
+            arch = getattr(ctx.model_config, "model_type", "this model")
+            return f"{self.label()} needs a model class that supports it ({self.model_flag}); found: {arch} does not"
+        return None
+
+    def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
+        load.kwargs["attn_implementation"] = self.impl
+
+    def verify_loaded(self, model: Any) -> str | None:
+        actual = getattr(model.config, "_attn_implementation", None)
+        if actual != self.impl:
+            return f"{self.label()} was requested but the loaded model uses attention {actual!r}"
+        return None
+
+    def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
+        if evidence.attention_backend_calls is None:  # not observable (e.g. inside a compiled graph)
+            return None
+        if evidence.attention_module_calls == 0:
+            return f"{self.label()}: no attention module ran during generation"
+        ran = {k: v for k, v in evidence.attention_backend_calls.items() if v}
+        if self.impl == "eager":
+            if ran:
+                return f"eager attention was requested but {', '.join(ran)} ran instead"
+            return None
+        if not evidence.attention_backend_calls.get(self.impl):
+            found = ", ".join(ran) or "eager"
+            return f"{self.label()} was requested but its attention function never ran; found: {found}"
+        return None
+
+
+class Eager(AttentionBackend):
+    name = "eager"
+    summary = "plain PyTorch attention (the reference implementation)"
+
+
+class Sdpa(AttentionBackend):
+    name = "sdpa"
+    model_flag = "_supports_sdpa"
+    summary = "torch.nn.functional.scaled_dot_product_attention"
+    requirement = "a model class that supports SDPA"
+
+
+class FlexAttention(AttentionBackend):
+    name = "flex_attention"
+    model_flag = "_supports_flex_attn"
+    summary = "PyTorch FlexAttention (compiled block-sparse attention)"
+    requirement = "torch >= 2.5 and a model class that supports flex attention; compiles on first use"
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        torch_version = ctx.hardware.version("torch")
+        if not _version_ok((torch_version or "0").split("+")[0], ">=2.5"):
+            return f"flex_attention needs torch >= 2.5; found: torch {torch_version}"
+        return super().probe(ctx)
+
+
+class FlashAttention2(AttentionBackend):
+    name = "flash_attention_2"
+    model_flag = "_supports_flash_attn"
+    summary = "FlashAttention-2 kernels (flash-attn package)"
+    requirement = "the flash-attn package, a CUDA GPU of compute capability >= 8.0, fp16/bf16"
+    min_capability: ClassVar[tuple[int, int]] = (8, 0)
+    package: ClassVar[str] = "flash-attn"
+    module: ClassVar[str] = "flash_attn"
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        hw = ctx.hardware
+        need = f"{self.name} needs a CUDA GPU of compute capability >= {self.min_capability[0]}.{self.min_capability[1]}"
+        if not hw.is_cuda:
+            return f"{need}; found: {hw.describe()}"
+        if hw.compute_capability is None or tuple(hw.compute_capability) < self.min_capability:
+            return f"{need}; found: {hw.describe()}"
+        if not module_available(self.module):
+            return f"{self.name} needs the {self.package} package; found: not installed"
+        if ctx.dtype not in HALF_DTYPES:
+            return f"{self.name} needs dtype float16 or bfloat16; found: {ctx.dtype}"
+        return super().probe(ctx)
+
+
+class FlashAttention3(FlashAttention2):
+    name = "flash_attention_3"
+    summary = "FlashAttention-3 kernels for Hopper GPUs"
+    requirement = "the flash_attn_3 package (flash_attn_interface), a Hopper GPU (compute capability 9.x), fp16/bf16"
+    min_capability = (9, 0)
+    package = "flash_attn_3"
+    module = "flash_attn_interface"
+
+
+class HubKernelAttention(AttentionBackend):
+    """An attention kernel from the Hub, e.g. ``"kernels-community/flash-attn2"``."""
+
+    name = "hub_kernel"
+    summary = "an attention kernel from the Hub through the kernels library (give its repo id)"
+    requirement = "the kernels package in the version window transformers demands, a CUDA GPU, the kernel cached locally"
+    accepted_params = {"repo_id": "the kernel's Hub id, e.g. 'kernels-community/flash-attn2'"}
+    docs = f"{DOCS}/kernel_doc/overview"
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        repo = params.get("repo_id")
+        if not isinstance(repo, str) or repo.count("/") < 1:
+            raise OptConfigError(f"hub kernel: repo_id must look like 'org/name'; got {repo!r}")
+
+    @property
+    def impl(self) -> str:
+        return self.params["repo_id"]
+
+    def label(self) -> str:
+        return self.impl
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        problem = _kernels_problem()
+        if problem:
+            return f"{self.impl} needs {problem}"
+        if not ctx.hardware.is_cuda:
+            return f"{self.impl} needs a CUDA GPU; found: {ctx.hardware.describe()}"
+        return None
+
+    def verify_loaded(self, model: Any) -> str | None:
+        actual = str(getattr(model.config, "_attn_implementation", ""))
+        if self.impl not in actual:
+            return f"{self.impl} was requested but the loaded model uses attention {actual!r}"
+        return None
+
+    def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
+        if evidence.attention_backend_calls is None:
+            return None
+        if not any(v for k, v in evidence.attention_backend_calls.items() if self.impl in k):
+            return f"{self.impl} was requested but its attention function never ran"
+        return None
+
+
+class Kernels(Technique):
+    name = "kernels"
+    family = "kernels"
+    load_time = True
+    summary = "hub kernels for layers (use_kernels=True) through the kernels library"
+    requirement = "the kernels package in the version window transformers demands, a CUDA GPU, kernels cached locally"
+    docs = f"{DOCS}/kernel_doc/overview"
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        problem = _kernels_problem()
+        if problem:
+            return f"kernels needs {problem}"
+        if not ctx.hardware.is_cuda:
+            return f"kernels needs a CUDA GPU for the hub's layer kernels; found: {ctx.hardware.describe()}"
+        return None
+
+    def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
+        load.kwargs["use_kernels"] = True
+
+    def verify_loaded(self, model: Any) -> str | None:
+        if not getattr(model, "use_kernels", False):
+            return "kernels was requested but the model reports use_kernels=False"
+        return None
+
+
+# --- compilation ----------------------------------------------------------------------------------
+class Compile(Technique):
+    name = "compile"
+    family = "compilation"
+    summary = "a static cache and torch.compile of the forward pass, on every device"
+    requirement = "a compileable cache (static); on CPU a C++ compiler for inductor"
+    docs = f"{DOCS}/llm_optims#static-kv-cache-and-torchcompile"
+    accepted_params = {"mode": "torch.compile mode, e.g. 'reduce-overhead'", "fullgraph": "bool",
+                       "dynamic": "bool or None"}
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        if not ctx.hardware.is_cuda:
+            import shutil
+
+            if not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
+                return "compile on cpu needs a C++ compiler for torch inductor; found: none on PATH"
+        return None
+
+    def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:
+        from transformers import CompileConfig
+
+        options = {k: v for k, v in self.params.items()}
+        config = CompileConfig(**options)
+        # transformers compiles only on CUDA-like devices unless told; the plugin compiles everywhere.
+        config._compile_all_devices = True
+        gen.kwargs["compile_config"] = config
+        gen.kwargs["disable_compile"] = False
+        gen.kwargs.setdefault("cache_implementation", "static")
+        gen.compile = True
+
+    def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
+        if evidence.compiled_calls <= 0:
+            return "compile was requested but the compiled forward was never called (transformers fell back to eager)"
+        return None
+
+    def conflicts_with(self, other: Technique) -> str | None:
+        if other.name in ("quantized_cache", "offloaded_cache"):
+            return "torch.compile needs a compileable (static) cache"
+        return None
+
+
+# --- caches ---------------------------------------------------------------------------------------
+class CacheTechnique(Technique):
+    family = "caching"
+    exclusive_group = "KV cache"
+    cache_implementation: ClassVar[str] = ""
+    docs = f"{DOCS}/kv_cache"
+
+    def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:
+        gen.kwargs["cache_implementation"] = self.cache_implementation
+
+    def cache_layers(self, evidence: RunEvidence) -> list[str]:
+        layers = getattr(evidence.cache, "layers", None) or []
+        return [type(layer).__name__ for layer in layers]
+
+    def conflicts_with(self, other: Technique) -> str | None:
+        if other.name == "continuous_batching":
+            return "continuous batching manages its own paged cache"
+        return None
+
+
+class StaticCacheTechnique(CacheTechnique):
+    name = "static_cache"
+    cache_implementation = "static"
+    summary = "a pre-allocated, fixed-size KV cache (cache_implementation='static'), not compiled"
+
+    def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:
+        super().configure_generation(gen, ctx)
+        # On CUDA transformers compiles a static cache by itself; keep the two effects apart so that
+        # static_cache measures the cache and `compile` measures compilation.
+        gen.kwargs.setdefault("disable_compile", True)
+
+    def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
+        layers = self.cache_layers(evidence)
+        if not layers or not all(name.startswith("Static") for name in layers):
+            return f"static_cache was requested but generation used {type(evidence.cache).__name__} with layers {sorted(set(layers))}"
+        return None
+
+
+class SlidingWindowCache(CacheTechnique):
+    name = "sliding_window_cache"
+    cache_implementation = "static"
+    summary = "a static cache whose sliding-window layers keep only the last window of tokens"
+    requirement = "a model config with sliding_window set (e.g. Mistral, Qwen3 with use_sliding_window)"
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        if ctx.model_config is None:  # catalogue listing: depends on the model
+            return None
+        window = getattr(ctx.model_config, "sliding_window", None)
+        if not window:
+            arch = getattr(ctx.model_config, "model_type", "unknown")
+            return f"sliding_window_cache needs a model with sliding-window attention (config.sliding_window); found: {arch} without one"
+        return None
+
+    def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
+        layers = self.cache_layers(evidence)
+        if not any("SlidingWindow" in name for name in layers):
+            return f"sliding_window_cache was requested but no sliding-window cache layer was used; found: {sorted(set(layers))}"
+        return None
+
+
+class OffloadedCacheTechnique(CacheTechnique):
+    name = "offloaded_cache"
+    cache_implementation = "offloaded"
+    summary = "a dynamic KV cache offloaded to CPU memory, one layer on the GPU at a time"
+    requirement = "a CUDA GPU (the cache is offloaded from GPU to CPU memory)"
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        if not ctx.hardware.is_cuda:
+            return f"{self.name} needs a CUDA GPU to offload the cache from; found: {ctx.hardware.describe()}"
+        return None
+
+    def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
+        if not getattr(evidence.cache, "offloading", False):
+            return f"{self.name} was requested but the cache used ({type(evidence.cache).__name__}) is not offloading"
+        return None
+
+
+class OffloadedStaticCache(OffloadedCacheTechnique):
+    name = "offloaded_static_cache"
+    cache_implementation = "offloaded_static"
+    summary = "a static KV cache offloaded to CPU memory"
+
+
+class QuantizedCacheTechnique(CacheTechnique):
+    name = "quantized_cache"
+    cache_implementation = "quantized"
+    quality = LOSSY_4BIT
+    summary = "a KV cache quantized to nbits (quanto or hqq backend)"
+    requirement = "optimum-quanto (backend='quanto') or hqq (backend='hqq')"
+    accepted_params = {"backend": "'quanto' or 'hqq'", "nbits": "2 or 4 (quanto), 1-8 (hqq)",
+                       "residual_length": "recent tokens kept unquantized (int)"}
+    backends: ClassVar[dict[str, tuple[str, str]]] = {"quanto": ("optimum.quanto", "optimum-quanto"),
+                                                      "hqq": ("hqq", "hqq")}
+
+    def __init__(self, **params: Any) -> None:
+        params.setdefault("backend", "quanto")
+        params.setdefault("nbits", 4)
+        super().__init__(**params)
+        backend, nbits = params["backend"], params["nbits"]
+        if backend not in self.backends:
+            raise OptConfigError(f"quantized_cache: backend {backend!r} is not supported; accepted: 'quanto', 'hqq'")
+        allowed = (2, 4) if backend == "quanto" else tuple(range(1, 9))
+        if isinstance(nbits, bool) or nbits not in allowed:
+            raise OptConfigError(f"quantized_cache: nbits={nbits!r} is not accepted for backend {backend!r}; accepted: {allowed}")
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        module, package = self.backends[self.params["backend"]]
+        if not module_available(module):
+            return f"{self.label()} needs the {package} package; found: not installed"
+        return None
+
+    def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:
+        gen.kwargs["cache_implementation"] = "quantized"
+        gen.kwargs["cache_config"] = {"backend": self.params["backend"], "nbits": self.params["nbits"],
+                                      **({"residual_length": self.params["residual_length"]}
+                                         if "residual_length" in self.params else {})}
+
+    def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
+        layers = self.cache_layers(evidence)
+        expected = "Quanto" if self.params["backend"] == "quanto" else "HQQ"
+        if not layers or not all(expected in name for name in layers):
+            return f"{self.label()} was requested but the cache layers were {sorted(set(layers))}"
+        return None
+
+
+# --- weight quantization ----------------------------------------------------------------------------
+class WeightQuantization(Technique):
+    family = "quantization"
+    exclusive_group = "weight quantization"
+    load_time = True
+    docs = f"{DOCS}/quantization/overview"
+    layer_class_names: ClassVar[tuple[str, ...]] = ()
+
+    def verify_loaded(self, model: Any) -> str | None:
+        names = {type(m).__name__ for m in model.modules()}
+        if not names & set(self.layer_class_names):
+            return f"{self.label()} was requested but no {'/'.join(self.layer_class_names)} layer is in the model"
+        return None
+
+
+class _Bnb(WeightQuantization):
+    requirement = "bitsandbytes >= 0.45 (0.50 has a CPU backend; older releases need CUDA)"
+    docs = f"{DOCS}/quantization/bitsandbytes"
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        installed = ctx.hardware.version("bitsandbytes")
+        if installed is None:
+            return f"{self.name} needs the bitsandbytes package; found: not installed"
+        if not ctx.hardware.is_cuda and not _version_ok(installed, ">=0.48"):
+            return f"{self.name} on cpu needs bitsandbytes >= 0.48 (CPU backend); found: bitsandbytes {installed}"
+        return None
+
+
+class Bnb8bit(_Bnb):
+    name = "bnb_8bit"
+    quality = WEIGHTS_8BIT
+    summary = "LLM.int8() 8-bit weights through bitsandbytes"
+    layer_class_names = ("Linear8bitLt",)
+
+    def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
+        from transformers import BitsAndBytesConfig
+
+        load.kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+
+
+class Bnb4bit(_Bnb):
+    name = "bnb_4bit"
+    quality = LOSSY_4BIT
+    summary = "4-bit weights (nf4 or fp4) through bitsandbytes"
+    layer_class_names = ("Linear4bit",)
+    accepted_params = {"quant_type": "'nf4' or 'fp4'", "compute_dtype": "a torch dtype or its name",
+                       "double_quant": "bool"}
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        if self.params.get("quant_type", "nf4") not in ("nf4", "fp4"):
+            raise OptConfigError(f"bnb_4bit: quant_type={self.params['quant_type']!r}; accepted: 'nf4', 'fp4'")
+
+    def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
+        from transformers import BitsAndBytesConfig
+
+        from ..loading import parse_dtype
+
+        compute = self.params.get("compute_dtype") or ctx.dtype
+        load.kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=self.params.get("quant_type", "nf4"),
+            bnb_4bit_compute_dtype=parse_dtype(compute, "bnb_4bit compute_dtype"),
+            bnb_4bit_use_double_quant=bool(self.params.get("double_quant", False)),
+        )
+
+
+class _ModuleQuantization(WeightQuantization):
+    package: ClassVar[str] = ""
+    module: ClassVar[str] = ""
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        if not module_available(self.module):
+            return f"{self.name} needs the {self.package} package; found: not installed"
+        return None
+
+
+class QuantoInt8(_ModuleQuantization):
+    name = "quanto_int8"
+    quality = WEIGHTS_8BIT
+    summary = "int8 weights through optimum-quanto"
+    package, module = "optimum-quanto", "optimum.quanto"
+    layer_class_names = ("QLinear",)
+    docs = f"{DOCS}/quantization/quanto"
+
+    def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
+        from transformers import QuantoConfig
+
+        load.kwargs["quantization_config"] = QuantoConfig(weights="int8")
+
+
+class HqqFourBit(_ModuleQuantization):
+    name = "hqq_4bit"
+    quality = LOSSY_4BIT
+    summary = "4-bit weights through HQQ"
+    package, module = "hqq", "hqq"
+    layer_class_names = ("HQQLinear",)
+    docs = f"{DOCS}/quantization/hqq"
+
+    def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
+        from transformers import HqqConfig
+
+        load.kwargs["quantization_config"] = HqqConfig(nbits=4, group_size=64)
+
+
+class TorchaoInt8(_ModuleQuantization):
+    name = "torchao_int8"
+    quality = WEIGHTS_8BIT
+    summary = "int8 weight-only quantization through torchao"
+    package, module = "torchao", "torchao"
+    docs = f"{DOCS}/quantization/torchao"
+
+    def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
+        from torchao.quantization import Int8WeightOnlyConfig  # type: ignore[import-not-found]
+        from transformers import TorchAoConfig
+
+        load.kwargs["quantization_config"] = TorchAoConfig(quant_type=Int8WeightOnlyConfig())
+
+    def verify_loaded(self, model: Any) -> str | None:
+        quantized = [m for m in model.modules() if type(getattr(m, "weight", None)).__name__.endswith(("Tensor", "QuantizedTensor")) and type(m.weight).__name__ != "Parameter"]
+        return None if quantized else "torchao_int8 was requested but no weight is a torchao quantized tensor"
+
+
+# --- parallelism and batching ---------------------------------------------------------------------
+class TensorParallel(Technique):
+    name = "tensor_parallel"
+    family = "parallelism"
+    load_time = True
+    summary = "tensor parallelism through torch.distributed (the plugin launches torchrun)"
+    requirement = "N CUDA devices (tp_size=N) and a model with a tp_plan"
+    accepted_params = {"tp_size": "number of processes/devices, int >= 2"}
+    docs = f"{DOCS}/perf_infer_gpu_multi"
+
+    def __init__(self, **params: Any) -> None:
+        params.setdefault("tp_size", 2)
+        super().__init__(**params)
+        size = self.params["tp_size"]
+        if isinstance(size, bool) or not isinstance(size, int) or size < 2:
+            raise OptConfigError(f"tensor_parallel: tp_size={size!r}; accepted: an int >= 2")
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        size = self.params["tp_size"]
+        if not ctx.hardware.is_cuda:
+            return (f"tensor_parallel(tp_size={size}) needs {size} CUDA devices; found: {ctx.hardware.describe()} "
+                    f"(multi-process CPU runs under gloo are not available in this version)")
+        if ctx.hardware.device_count < size:
+            return f"tensor_parallel(tp_size={size}) needs {size} CUDA devices; found: {ctx.hardware.device_count}"
+        if ctx.model_config is not None and not getattr(ctx.model_config, "base_model_tp_plan", None):
+            return f"tensor_parallel needs a model with a tp_plan; found: {getattr(ctx.model_config, 'model_type', '?')} without one"
+        return ("tensor_parallel runs in torchrun worker processes, which this version of the plugin does not "
+                "launch yet; found: a single pytest process")
+
+
+class ContinuousBatching(Technique):
+    name = "continuous_batching"
+    family = "continuous_batching"
+    summary = "generate_batch() with dynamic scheduling and chunked prefill"
+    requirement = "transformers with generate_batch and ContinuousBatchingConfig"
+    accepted_params = {"max_batch_tokens": "tokens per forward pass, int > 0"}
+    docs = f"{DOCS}/continuous_batching"
+
+    def __init__(self, **params: Any) -> None:
+        params.setdefault("max_batch_tokens", 512)
+        super().__init__(**params)
+        tokens = self.params["max_batch_tokens"]
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
+            raise OptConfigError(f"continuous_batching: max_batch_tokens={tokens!r}; accepted: an int > 0")
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        try:
+            from transformers.generation import ContinuousBatchingConfig  # noqa: F401
+        except ImportError:
+            return f"continuous_batching needs transformers with ContinuousBatchingConfig; found: transformers {ctx.hardware.version('transformers')}"
+        return None
+
+    def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:
+        gen.continuous_batching = {"max_batch_tokens": self.params["max_batch_tokens"]}
+
+    def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
+        if not evidence.used_generate_batch:
+            return "continuous_batching was requested but generate_batch() was not used"
+        if evidence.finished_requests != evidence.requested:
+            return f"continuous_batching finished {evidence.finished_requests} of {evidence.requested} requests"
+        return None
+
+    def conflicts_with(self, other: Technique) -> str | None:
+        if other.name == "compile":
+            return "generate_batch() does not take the compile technique's static cache"
+        return None
+
+
+BUILTIN_TECHNIQUES: tuple[type[Technique], ...] = (
+    Eager, Sdpa, FlexAttention, FlashAttention2, FlashAttention3, HubKernelAttention, Kernels, Compile,
+    StaticCacheTechnique, OffloadedCacheTechnique, OffloadedStaticCache, QuantizedCacheTechnique,
+    SlidingWindowCache, Bnb8bit, Bnb4bit, QuantoInt8, HqqFourBit, TorchaoInt8, TensorParallel, ContinuousBatching,
+)

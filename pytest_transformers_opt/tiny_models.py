@@ -1,0 +1,216 @@
+"""Built-in offline models: real Transformers architectures built from configs, saved and loaded from disk.
+
+Nothing is downloaded. A model is built once per machine into a cache folder (atomically, so that
+parallel workers never see half a folder) and then loaded with ``from_pretrained`` as users load
+theirs. The tokenizer is a real byte-level BPE trained offline with ``tokenizers``.
+
+Why the tiny models are briefly trained: a purely random model has near-uniform next-token
+distributions, so any perturbation (8-bit weights, a quantized cache) flips greedy tokens and
+similarity verdicts mean nothing. A few hundred steps on a synthetic corpus give peaked
+distributions like a real LM's, so "lossless" and "lossy" techniques are judged as on real models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import OptConfigError
+
+FACTORY_VERSION = 1
+CACHE_ENV = "PYTEST_TRANSFORMERS_OPT_CACHE"
+
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """How to build one built-in model: its architecture, shape and training budget."""
+
+    name: str
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int = 512
+    max_position_embeddings: int = 1024
+    train_steps: int = 300
+    extra: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+TINY_MODELS: dict[str, TinyModelSpec] = {
+    spec.name: spec
+    for spec in (
+        TinyModelSpec("tiny-random-llama", "llama", 128, 2, 4, 2, 256,
+                      description="Llama shape, head dim 32, ~0.5M parameters, fp32; the default model"),
+        TinyModelSpec("tiny-random-qwen3", "qwen3", 128, 2, 4, 2, 256, extra={"head_dim": 32},
+                      description="Qwen3 shape (q/k norms, explicit head_dim)"),
+        TinyModelSpec("tiny-random-mistral", "mistral", 128, 2, 4, 2, 256, extra={"sliding_window": 16},
+                      description="Mistral shape with a 16-token sliding window"),
+        TinyModelSpec("tiny-random-gpt2", "gpt2", 128, 2, 4, 4, 256,
+                      description="GPT-2 shape (learned positions, no GQA)"),
+        TinyModelSpec("small-random-llama-100m", "llama", 768, 12, 12, 4, 2048, vocab_size=8192,
+                      train_steps=0, description="Llama shape, ~100M parameters, untrained; for memory checks"),
+    )
+}
+
+
+def is_tiny_model(name_or_path: str) -> bool:
+    """True for a built-in model name (as opposed to a folder or a hub id)."""
+    return name_or_path in TINY_MODELS
+
+
+def cache_root() -> Path:
+    """Where built models live: ``$PYTEST_TRANSFORMERS_OPT_CACHE`` or ``~/.cache/pytest-transformers-opt``."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "pytest-transformers-opt"
+
+
+def _spec_for(name: str) -> TinyModelSpec:
+    try:
+        return TINY_MODELS[name]
+    except KeyError:
+        raise OptConfigError(
+            f"unknown built-in model {name!r}; built-in models: {', '.join(sorted(TINY_MODELS))}"
+        ) from None
+
+
+def _fingerprint(spec: TinyModelSpec) -> str:
+    blob = json.dumps({"v": FACTORY_VERSION, **asdict(spec)}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def tiny_model_config(name: str) -> Any:
+    """The ``transformers`` config of a built-in model, without building weights (for the advisor)."""
+    spec = _spec_for(name)
+    return _make_config(spec, vocab_size=spec.vocab_size)
+
+
+def _make_config(spec: TinyModelSpec, vocab_size: int) -> Any:
+    from transformers import AutoConfig
+
+    common: dict[str, Any] = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+                                  tie_word_embeddings=False)
+    if spec.model_type == "gpt2":
+        return AutoConfig.for_model(
+            "gpt2", n_embd=spec.hidden_size, n_layer=spec.num_hidden_layers, n_head=spec.num_attention_heads,
+            n_inner=spec.intermediate_size, n_positions=spec.max_position_embeddings, **common, **spec.extra,
+        )
+    return AutoConfig.for_model(
+        spec.model_type,
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        intermediate_size=spec.intermediate_size,
+        max_position_embeddings=spec.max_position_embeddings,
+        **common,
+        **spec.extra,
+    )
+
+
+def synthetic_corpus(seed: int = 0, sentences: int = 2000) -> list[str]:
+    """A small, deterministic English-like corpus (grammar templates) for tokenizer and model training."""
+    rng = random.Random(seed)
+    subjects = ["The cat", "A dog", "The model", "My friend", "The teacher", "A small bird", "The engineer",
+                "Our team", "The river", "The sun"]
+    verbs = ["eats", "sees", "builds", "likes", "finds", "moves", "explains", "carries", "follows", "paints"]
+    objects = ["the red apple", "a long story", "the big house", "a quiet song", "the old bridge",
+               "a bright idea", "the green field", "a heavy box", "the cold water", "a simple rule"]
+    tails = ["every morning.", "in the park.", "with great care.", "before the night.", "near the sea.",
+             "after the rain.", "for the city.", "under the tree."]
+    corpus = [f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)} {rng.choice(tails)}"
+              for _ in range(sentences)]
+    corpus += [
+        "Explain gravity in one sentence. Gravity pulls every mass toward every other mass.",
+        "Name the capital of France. The capital of France is Paris.",
+        "Write a short poem about the sea. The sea is wide and the sea is deep.",
+    ] * 50
+    return corpus
+
+
+def _train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=min(vocab_size, 512), special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", pad_token="<pad>", padding_side="left")
+
+
+def _train_briefly(model: Any, tokenizer: Any, corpus: list[str], steps: int, seed: int) -> None:
+    import torch
+
+    ids = torch.tensor([t for text in corpus for t in tokenizer.encode(text) + [tokenizer.eos_token_id]])
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        starts = torch.randint(0, len(ids) - 65, (16,), generator=generator)
+        batch = torch.stack([ids[s : s + 64] for s in starts.tolist()])
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+
+
+def build_tiny_model(name: str, directory: str | os.PathLike[str], seed: int = 0) -> Path:
+    """Build the named model into ``directory`` with ``save_pretrained`` (safetensors)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    spec = _spec_for(name)
+    corpus = synthetic_corpus(seed)
+    tokenizer = _train_tokenizer(corpus, spec.vocab_size)
+    vocab = max(spec.vocab_size, len(tokenizer)) if spec.train_steps == 0 else len(tokenizer)
+    config = _make_config(spec, vocab_size=vocab)
+    torch.manual_seed(seed)
+    with torch.random.fork_rng():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        if spec.train_steps:
+            _train_briefly(model, tokenizer, corpus, spec.train_steps, seed)
+    out = Path(directory)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / "tiny_model.json").write_text(json.dumps({"name": name, "factory_version": FACTORY_VERSION,
+                                                     "fingerprint": _fingerprint(spec)}))
+    return out
+
+
+def ensure_tiny_model(name: str) -> Path:
+    """The folder of a built-in model, building it on first use; safe across processes."""
+    spec = _spec_for(name)
+    final = cache_root() / f"{name}-{_fingerprint(spec)}"
+    if (final / "tiny_model.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
+    try:
+        build_tiny_model(name, staging)
+        try:
+            os.replace(staging, final)  # atomic on one filesystem; loses the race harmlessly
+        except OSError:
+            if not (final / "tiny_model.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final

@@ -1,0 +1,131 @@
+"""Parsers and formatters for the human-friendly values budgets and options accept.
+
+Every parser takes ``what`` (where the value came from, e.g. ``"budget max_memory"``) so that its
+error names the value, its origin and the accepted forms.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .errors import OptConfigError
+
+_SIZE_UNITS = {
+    "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+}
+_TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "min": 60.0}
+_NUMBER_WITH_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*$")
+
+SIZE_FORMS = '"6 GiB", "800 MB", "512MiB" or an int number of bytes'
+DURATION_FORMS = '"50 ms", "1.5 s", "200us" or a float number of seconds'
+THROUGHPUT_FORMS = '800, 12.5 or "800 tok/s"'
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _finite_positive(number: float, what: str, forms: str, raw: object) -> float:
+    if not math.isfinite(number) or number <= 0:
+        raise OptConfigError(f"{what}: {raw!r} must be a positive, finite value; accepted: {forms}")
+    return number
+
+
+def parse_size(value: object, what: str = "size") -> int:
+    """Bytes from ``"6 GiB"``, ``"800 MB"`` or an int; decimal (GB) and binary (GiB) units."""
+    if _is_number(value):
+        return int(_finite_positive(float(value), what, SIZE_FORMS, value))  # type: ignore[arg-type]
+    if isinstance(value, str):
+        match = _NUMBER_WITH_UNIT.match(value)
+        if match:
+            unit = match.group(2).lower() or "b"
+            if unit in _SIZE_UNITS:
+                number = _finite_positive(float(match.group(1)), what, SIZE_FORMS, value)
+                return int(number * _SIZE_UNITS[unit])
+    raise OptConfigError(f"{what}: cannot read {value!r} as a memory size; accepted: {SIZE_FORMS}")
+
+
+def parse_duration(value: object, what: str = "duration") -> float:
+    """Seconds from ``"50 ms"``, ``"1.5 s"`` or a float of seconds."""
+    if _is_number(value):
+        return _finite_positive(float(value), what, DURATION_FORMS, value)  # type: ignore[arg-type]
+    if isinstance(value, str):
+        match = _NUMBER_WITH_UNIT.match(value)
+        if match:
+            unit = match.group(2).lower() or "s"
+            if unit in _TIME_UNITS:
+                number = _finite_positive(float(match.group(1)), what, DURATION_FORMS, value)
+                return number * _TIME_UNITS[unit]
+    raise OptConfigError(f"{what}: cannot read {value!r} as a duration; accepted: {DURATION_FORMS}")
+
+
+def parse_throughput(value: object, what: str = "throughput") -> float:
+    """Tokens per second from ``800`` or ``"800 tok/s"``."""
+    if _is_number(value):
+        return _finite_positive(float(value), what, THROUGHPUT_FORMS, value)  # type: ignore[arg-type]
+    if isinstance(value, str):
+        match = _NUMBER_WITH_UNIT.match(value)
+        if match and match.group(2).lower() in ("", "tok/s", "tokens/s", "t/s"):
+            return _finite_positive(float(match.group(1)), what, THROUGHPUT_FORMS, value)
+    raise OptConfigError(f"{what}: cannot read {value!r} as a throughput; accepted: {THROUGHPUT_FORMS}")
+
+
+def parse_fraction(value: object, what: str = "fraction") -> float:
+    """A number in [0, 1]."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if _is_number(value) and math.isfinite(float(value)) and 0.0 <= float(value) <= 1.0:  # type: ignore[arg-type]
+        return float(value)  # type: ignore[arg-type]
+    raise OptConfigError(f"{what}: {value!r} must be a number from 0 to 1, e.g. 0.95")
+
+
+def parse_positive_float(value: object, what: str = "value", *, allow_zero: bool = False) -> float:
+    """A finite float > 0 (or >= 0 with ``allow_zero``), from a number or a numeric string."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if _is_number(value) and math.isfinite(float(value)):  # type: ignore[arg-type]
+        number = float(value)  # type: ignore[arg-type]
+        if number > 0 or (allow_zero and number == 0):
+            return number
+    bound = ">= 0" if allow_zero else "> 0"
+    raise OptConfigError(f"{what}: {value!r} must be a finite number {bound}, e.g. 1.2")
+
+
+def parse_non_negative_int(value: object, what: str = "value", *, minimum: int = 0) -> int:
+    """An int >= ``minimum`` from an int or a string of digits (not a bool, not a float)."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value.strip())
+    if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+        return value
+    raise OptConfigError(f"{what}: {value!r} must be a whole number >= {minimum}")
+
+
+def format_bytes(num: float | None) -> str:
+    """``1.50 GiB``-style text; ``-`` for a missing figure."""
+    if num is None or not math.isfinite(num):
+        return "-"
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(num) >= factor:
+            return f"{num / factor:.2f} {unit}"
+    return f"{int(num)} B"
+
+
+def format_duration(seconds: float | None) -> str:
+    """``12.3 ms``-style text; ``-`` for a missing figure."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} us"
