@@ -1,7 +1,8 @@
 """Running a workload through one configuration: ``generate()`` or ``generate_batch()``.
 
-Every call is greedy and generates exactly ``max_new_tokens`` (EOS is held off with
-``min_new_tokens``) so that both sides do the same work. Time to first token is read by a logits
+Every call is greedy and generates exactly ``max_new_tokens``: EOS never stops generation
+(``eos_token_id=-1``, accepted by ``generate`` and ``generate_batch`` alike), so both sides do the same
+work and greedy picks the raw argmax, the token the compared distributions rank first. Time to first token is read by a logits
 processor on its first call, after a device synchronisation, so it works for any batch size and
 for compiled models (the processor runs outside the compiled forward).
 """
@@ -17,6 +18,9 @@ from .techniques import RunEvidence
 
 if TYPE_CHECKING:
     from .loading import OptModel
+
+
+NEVER_STOP = -1  # an EOS id no token has
 
 
 @dataclass
@@ -123,7 +127,7 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
         encoded = tokenizer(batch, return_tensors="pt", padding=True).to(device)
         timer = _FirstTokenTimer(device)
         kwargs: dict[str, Any] = dict(
-            max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
+            max_new_tokens=max_new_tokens, eos_token_id=NEVER_STOP, do_sample=False,
             pad_token_id=tokenizer.pad_token_id, return_dict_in_generate=True, output_logits=keep_logits,
             logits_processor=[timer],
         )
@@ -161,8 +165,8 @@ def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens
 
     tokenizer, device = opt.tokenizer, opt.device
     inputs = [tokenizer.encode(p) for p in prompts]
-    config = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
-                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=NEVER_STOP,
+                              pad_token_id=tokenizer.pad_token_id)
     cb_config = ContinuousBatchingConfig(**(opt.generation.continuous_batching or {}))
     start = now(device)
     outputs = opt.model.generate_batch(inputs=inputs, generation_config=config, continuous_batching_config=cb_config,

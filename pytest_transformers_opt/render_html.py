@@ -23,7 +23,7 @@ import html
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Protocol
 
 from . import render_markdown as text
 
@@ -114,7 +114,14 @@ class LogScale:
         return [10.0**e for e in range(self.lo_exp, self.hi_exp + 1, step)]
 
 
-Scale = Union[LinearScale, LogScale]
+class Scale(Protocol):
+    """Where a value falls on the plot (0..1), the values to label, and how to label them."""
+
+    fmt: Callable[[float], str]
+
+    def pos(self, value: float) -> float: ...
+
+    def ticks(self) -> list[float]: ...
 
 
 def _x(scale: Scale, value: float) -> float:
@@ -161,7 +168,7 @@ def _svg_chart(
         f"<title>{_e(title)}</title>",
     ]
     # legend, top left of the plot
-    x = _PLOT_X
+    x: float = _PLOT_X
     for label, color in legend:
         if color == "marker":
             parts.append(f'<line x1="{x + 5}" y1="8" x2="{x + 5}" y2="22" class="marker"/>')
@@ -185,7 +192,7 @@ def _svg_chart(
                      f"{_e(row.label)}</text>")
         for b, bar in enumerate(row.bars):
             by = y0 + b * (bar_h + gap)
-            end = _PLOT_X
+            end: float = _PLOT_X
             if bar.value is not None:
                 end = _x(scale, bar.value)
                 width = max(end - _PLOT_X, 1.5)
@@ -437,7 +444,8 @@ footer { margin-top: 32px; color: var(--muted); font-size: 12px; }
 def _html_table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, cls: str = "") -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f'<div class="table-wrap"><table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+    return (f'<div class="table-wrap"><table class="{cls}"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
 
 
 _PAIR_KEYS = ("ttft", "tpot", "throughput", "memory")
@@ -463,12 +471,9 @@ def _results_table(report: Mapping[str, Any]) -> str:
                              f'{_e(value[len("skipped: "):])}</span></td>')
             elif key == "outcome":
                 cells.append(f'<td class="outcome-{_e(outcome)}">{_e(value)}</td>')
-            elif key == "failed_budgets" and value != text.MISSING:
-                cells.append(f'<td class="bad">{_e(value)}</td>')
-            elif key == "regression" and value.startswith("regressed"):
-                cells.append(f'<td class="bad">{_e(value)}</td>')
-            elif key == "regression":
-                cells.append(f'<td class="{key}">{_e(value)}</td>')
+            elif key in ("failed_budgets", "regression"):
+                bad = value != text.MISSING if key == "failed_budgets" else value.startswith("regressed")
+                cells.append(f'<td class="{key}{" bad" if bad else ""}">{_e(value)}</td>')
             elif key == "token_match" and value.endswith(" (near-tie)"):
                 cells.append(f'<td class="num">{_e(value[: -len(" (near-tie)")])}'
                              '<span class="reason">near-tie</span></td>')

@@ -204,6 +204,12 @@ def _one_line(text: str) -> str:
 # --------------------------------------------------------------------------- report model
 
 
+def _part(report: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """A top-level object of the report (``environment``, ``settings``), or an empty dict."""
+    value = report.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _tests(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     tests = report.get("tests") or []
     return [test for test in tests if isinstance(test, dict)]
@@ -371,15 +377,17 @@ def _plain_value(key: str, value: Any) -> str:
         return "yes" if value else "no"
     if key.endswith("_bytes"):
         return format_memory(value)
-    if isinstance(value, (dict, list)):
-        return _one_line(repr(value))
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {MISSING if v is None else _one_line(str(v))}" for k, v in value.items()) or MISSING
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_one_line(str(v)) for v in value) or MISSING
     return _one_line(str(value))
 
 
 def environment_rows(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(label, value) rows: the environment, the run's settings and the models with revisions."""
-    env = report.get("environment") if isinstance(report.get("environment"), dict) else {}
-    settings = report.get("settings") if isinstance(report.get("settings"), dict) else {}
+    env = _part(report, "environment")
+    settings = _part(report, "settings")
     rows = [(label, _plain_value(key, env.get(key))) for key, label in ENVIRONMENT_FIELDS]
     known = {key for key, _ in ENVIRONMENT_FIELDS}
     rows += [(str(key), _plain_value(str(key), value)) for key, value in env.items() if key not in known]
@@ -420,8 +428,8 @@ def summary_text(report: Mapping[str, Any]) -> str:
 
 def context_text(report: Mapping[str, Any]) -> str:
     """``2026-11-29 20:00 UTC · cuda:0 (NVIDIA H200) · budgets: enforce``."""
-    env = report.get("environment") if isinstance(report.get("environment"), dict) else {}
-    settings = report.get("settings") if isinstance(report.get("settings"), dict) else {}
+    env = _part(report, "environment")
+    settings = _part(report, "settings")
     parts = [format_created(report.get("created"))]
     device = str(env.get("device") or settings.get("device") or MISSING)
     if env.get("gpu_name"):
@@ -433,7 +441,7 @@ def context_text(report: Mapping[str, Any]) -> str:
 
 
 def budgets_mode_note(report: Mapping[str, Any]) -> str | None:
-    settings = report.get("settings") if isinstance(report.get("settings"), dict) else {}
+    settings = _part(report, "settings")
     mode = settings.get("budgets_mode")
     if mode == "warn":
         return "Budgets were reported, not enforced (--opt-budgets=warn): a failed budget did not fail its test."

@@ -51,6 +51,8 @@ def _metrics(latency: float, memory: int | None, *, ttft: float, tokens: int = 6
         "recompiles": None,
         "rounds": 5,
         "latency_samples_s": [latency * f for f in (0.98, 1.0, 1.01, 1.0, 1.02)],
+        "warmup_s": [latency * 3.0],
+        "memory_method": "cuda.max_memory_allocated",
     }
 
 
@@ -83,7 +85,10 @@ def sample_report(*, regression: bool = True) -> dict[str, Any]:
             SDPA_ID, "passed", ["static_cache", "sdpa"],
             baseline=_metrics(1.20, 3 * GiB, ttft=0.050), optimized=_metrics(0.85, int(3.1 * GiB), ttft=0.031),
             speedup=1.41, memory_ratio=1.03,
-            similarity={"token_match": 1.0, "kl_mean": 2.1e-4, "kl_max": 9e-4, "top1": 0.992, "near_tie": False},
+            similarity={"token_match": 1.0, "kl_mean": 2.1e-4, "kl_max": 9e-4, "top1": 0.992, "near_tie": False,
+                        "compared_steps": 256, "note": None},
+            workload={"num_prompts": 4, "max_new_tokens": 64, "batch_size": 4, "input_tokens": 32, "rounds": 5,
+                      "warmup": 2, "prompts": ["Explain gravity in one sentence."] * 4},
             budgets=[_budget("min_speedup", 1.2, 1.41, True), _budget("max_kl", 0.01, 2.1e-4, True),
                      _budget("min_top1", 0.97, 0.992, True, "default")],
             regression={"verdict": "ok", "details": []} if regression else None,
@@ -94,7 +99,8 @@ def sample_report(*, regression: bool = True) -> dict[str, Any]:
             optimized={**_metrics(0.55, int(3.3 * GiB), ttft=0.020), "compile_time_s": 41.0, "recompiles": 0},
             speedup=2.18, memory_ratio=1.1,
             similarity={"token_match": 0.984, "kl_mean": 3.5e-3, "kl_max": 0.02, "top1": 0.981, "near_tie": True},
-            budgets=[_budget("max_kl", 0.01, 3.5e-3, True, "default"), _budget("min_top1", 0.97, 0.981, True, "default"),
+            budgets=[_budget("max_kl", 0.01, 3.5e-3, True, "default"),
+                     _budget("min_top1", 0.97, 0.981, True, "default"),
                      _budget("max_recompiles", 0, 0, True)],
             regression={"verdict": "regressed", "details": ["latency +12.0% (limit 10%)"]} if regression else None,
         ),
@@ -121,7 +127,8 @@ def sample_report(*, regression: bool = True) -> dict[str, Any]:
             estimates={"kv_cache_bytes_at_32k": 1.5 * GiB, "max_concurrency": 12},
         ),
         _test(CONFLICT_ID, "error", ["bnb_4bit", "bnb_8bit"], workload=None,
-              error="OptTechniqueConflict: bnb_4bit and bnb_8bit cannot be stacked\nTraceback (most recent call last):"),
+              error="OptTechniqueConflict: bnb_4bit and bnb_8bit cannot be stacked\n"
+                    "Traceback (most recent call last):"),
     ]
     return {
         "schema": "pytest-transformers-opt/report",
@@ -133,6 +140,7 @@ def sample_report(*, regression: bool = True) -> dict[str, Any]:
             "cuda": "12.8", "driver": "570.86.15", "device": "cuda:0", "gpu_name": "NVIDIA H200",
             "compute_capability": "9.0", "gpu_memory_bytes": 141 * 10**9, "device_count": 1,
             "bf16_supported": True, "tf32": False, "hostname_hint": "runner-7",
+            "versions": {"optimum-quanto": "0.2.7", "flash-attn": None},
         },
         "settings": {"budgets_mode": "enforce", "rounds": 5, "warmup": 2, "device": "auto",
                      "default_model": "tiny-random-llama"},
@@ -298,7 +306,8 @@ def test_load_report_not_json(tmp_path: Path) -> None:
         ([1, 2, 3], "a report is a JSON object; found list"),
         ({"schema": "pytest-transformers-opt/report", "schema_version": 2},
          "report schema_version 2 is not supported; this version of pytest-transformers-opt reads schema_version 1"),
-        ({"schema": "pytest-transformers-opt/report"}, 'report schema_version no "schema_version" key is not supported'),
+        ({"schema": "pytest-transformers-opt/report"},
+         'report schema_version no "schema_version" key is not supported'),
     ],
 )
 def test_load_report_not_a_report_or_other_version(tmp_path: Path, data: Any, expected: str) -> None:
@@ -314,7 +323,8 @@ def test_load_report_invalid_body_names_the_file_and_the_place(tmp_path: Path) -
     report = sample_report()
     report["tests"][0]["outcome"] = "bogus"
     path = write_json(tmp_path / "opt-report.json", report)
-    with pytest.raises(OptConfigError, match=r"(?s)opt-report\.json' cannot be used: invalid .*report\.tests\[0\]\.outcome"):
+    expected = r"(?s)opt-report\.json' cannot be used: invalid .*report\.tests\[0\]\.outcome"
+    with pytest.raises(OptConfigError, match=expected):
         load_report(path)
 
 
@@ -346,8 +356,9 @@ def test_markdown_has_the_results_table_header() -> None:
     markdown = render_markdown(sample_report(regression=False))
     assert markdown.startswith("## Optimization report\n")
     assert HEADER in markdown.splitlines()
-    assert "**3 passed, 1 failed, 3 skipped, 1 error** · 2026-11-29 20:00 UTC · cuda:0 (NVIDIA H200) · budgets: enforce" \
-        in markdown
+    summary = ("**3 passed, 1 failed, 3 skipped, 1 error** · 2026-11-29 20:00 UTC · cuda:0 (NVIDIA H200)"
+               " · budgets: enforce")
+    assert summary in markdown
 
 
 def test_markdown_table_rows_keep_their_columns_whatever_the_text() -> None:
@@ -420,7 +431,8 @@ def test_markdown_environment_is_collapsed_in_details() -> None:
     details = markdown[start:end]
     for expected in ("| GPU | NVIDIA H200 |", "| Compute capability | 9.0 |", "| Driver | 570.86.15 |",
                      "| CUDA | 12.8 |", "| torch | 2.13.0 |", "| bitsandbytes | - |", "| GPU memory | 131.32 GiB |",
-                     "| bf16 supported | yes |", "| hostname_hint | runner-7 |", "| Budgets mode | enforce |",
+                     "| bf16 supported | yes |", "| hostname_hint | runner-7 |",
+                     "| versions | optimum-quanto 0.2.7, flash-attn - |", "| Budgets mode | enforce |",
                      "| Model | Qwen/Qwen3-0.6B @ c1899de (bfloat16) |"):
         assert expected in details
     assert markdown.rstrip().endswith("</details>")
@@ -447,7 +459,7 @@ def test_markdown_estimates_have_their_own_section() -> None:
     markdown = render_markdown(sample_report())
     section = _section(markdown, "Estimated figures (estimate)")
     assert "| Test | Figure | Value (estimate) |" in section
-    assert "| kv\\_cache\\_bytes\\_at\\_32k |".replace("\\", "") in section
+    assert "| kv_cache_bytes_at_32k |" in section
     assert "1.50 GiB (estimate)" in section
     assert "12 (estimate)" in section
     assert "estimate" not in _section(markdown, "Results")
@@ -465,10 +477,10 @@ def test_markdown_failures_advice_and_budget_mode() -> None:
     markdown = render_markdown(report)
     assert "> Budgets were reported, not enforced (--opt-budgets=warn)" in markdown
     problems = _section(markdown, "Failures and errors")
-    assert f"- `{CONFLICT_ID}` (error): OptTechniqueConflict: bnb\\_4bit and bnb\\_8bit".replace("\\", "") in problems
+    assert f"- `{CONFLICT_ID}` (error): OptTechniqueConflict: bnb_4bit and bnb_8bit cannot be stacked" in problems
     assert "Traceback" not in problems
     assert FOUR_BIT_ID not in problems  # its failure is its budgets, listed above
-    assert "- static\\_cache + sdpa is the best".replace("\\", "") in _section(markdown, "Advice")
+    assert "- static_cache + sdpa is the best" in _section(markdown, "Advice")
 
 
 def test_markdown_shows_nan_and_missing_figures() -> None:

@@ -108,7 +108,7 @@ class Advice:
 
     def summary_lines(self) -> list[str]:
         """At most 6 short lines for the end of ``pytest --opt-report``."""
-        lines = [f"Next: {self.title}"]
+        lines = [f"Next: {self.title}" if self.change is not None else self.title]
         if self.why:
             lines.append(f"Why: {self.why[0]}")
         if self.configuration:

@@ -66,13 +66,16 @@ def compatibility_questions(workload: Workload, techniques: Iterable[Change | st
     for item in techniques:
         change = parse_technique(item) if isinstance(item, str) else item
         name = change.name
-        if name in _PACKAGES:
+        if name in _PACKAGES and not (name.startswith("bnb_") and versions.get("bitsandbytes") is None
+                                      and "bitsandbytes" not in versions):
             package, why = _PACKAGES[name]
             question = _package_question(package, versions, why)
             if question:
                 out.append(question)
         if name in ("bnb_8bit", "bnb_4bit"):
-            if device == "cpu":
+            if "bitsandbytes" in versions and versions["bitsandbytes"] is None:
+                pass  # the package line above already says it is missing
+            elif device == "cpu":
                 out.append("Does your bitsandbytes build support CPU for this model? Its CUDA backend is the "
                            "tested path.")
             else:
@@ -105,6 +108,8 @@ def compatibility_questions(workload: Workload, techniques: Iterable[Change | st
                 out.append(f"{name} moves the cache from a GPU to CPU RAM; on a CPU-only run it saves nothing.")
             if workload.cpu_memory_bytes is None:
                 out.append("Is there enough CPU RAM to hold the whole offloaded KV cache (--cpu-memory)?")
+            out.append(f"Does {model} use standard attention layers whose cache can be offloaded, and is the "
+                       f"CPU-GPU link fast enough for the decoding speed you need?")
         elif name == "sliding_window_cache":
             if shape is not None and shape.sliding_window is None:
                 out.append(f"The config of {model} has no sliding_window: was it trained with sliding "

@@ -14,7 +14,8 @@ HARDWARE = "Transformers docs: Hardware guides (check which techniques your hard
 
 _DOCS: dict[str, list[str]] = {
     "weights": [f"{OVERVIEW} > Quantization",
-                "Transformers docs: Quantization > bitsandbytes (BitsAndBytesConfig, quantization_config in from_pretrained())"],
+                "Transformers docs: Quantization > bitsandbytes "
+                "(BitsAndBytesConfig, quantization_config in from_pretrained())"],
     "cache": [f"{OVERVIEW} > Caching",
               "Transformers docs: Caching / KV cache strategies (cache_implementation in generate())"],
     "attention": [f"{OVERVIEW} > Attention backends",

@@ -122,7 +122,8 @@ def weight_bytes(shape: ModelShape, dtype: str, quantization: str | None = None)
         if quantization == "bnb_8bit":
             quantized += count * (fan_in * fan_out + 4 * fan_out)
         else:
-            quantized += count * (math.ceil(fan_in * fan_out / 2) + 4 * math.ceil(fan_in * fan_out / BNB_4BIT_BLOCK))
+            weights = fan_in * fan_out
+            quantized += count * (math.ceil(weights / 2) + 4 * math.ceil(weights / BNB_4BIT_BLOCK))
     return quantized + (counts.total - sum(i * o * c for i, o, c in linear_shapes(shape))) * size
 
 
@@ -365,7 +366,8 @@ def stage_estimates(shape: ModelShape, dtype: str, techniques: Iterable[Change |
     stages = [
         StageEstimate("load", base),
         StageEstimate("long-input", base + (
-            (f"KV cache of the input, {batch_size} x {input_tokens} tokens ({cache_label})", kv_input.device_bytes // tp_size),
+            (f"KV cache of the input, {batch_size} x {input_tokens} tokens ({cache_label})",
+             kv_input.device_bytes // tp_size),
             (f"attention scratch of one layer ({backend})", scratch),
             ("prefill activations of one layer and logits",
              (activation_bytes(shape, prefill_tokens, dtype) + logits) // tp_size),
@@ -375,7 +377,8 @@ def stage_estimates(shape: ModelShape, dtype: str, techniques: Iterable[Change |
     kv_full = kv(total_tokens, batch_size)
     decode = (activation_bytes(shape, batch_size, dtype) + logits) // tp_size
     stages.append(StageEstimate("long-generation", base + (
-        (f"KV cache at {total_tokens} tokens x {batch_size} sequences ({cache_label})", kv_full.device_bytes // tp_size),
+        (f"KV cache at {total_tokens} tokens x {batch_size} sequences ({cache_label})",
+         kv_full.device_bytes // tp_size),
         ("decode activations and logits", decode),
     ), kv_full.host_bytes))
     if concurrency > 1:

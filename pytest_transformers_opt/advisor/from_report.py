@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +18,11 @@ from ..errors import OptConfigError
 from .advice import Advice, Figure
 from .change import Change, find, parse_technique, replace_family
 from .compat import compatibility_questions, flash_attention_capable
-from .docs import default_similarity, documentation_for
+from .docs import default_similarity, documentation_for, tradeoffs_for
 from .estimates import normalize_dtype, weight_bytes
-from .model_config import ModelShape, load_model_shape
-from .recommend import max_batch_tokens_for, recommend, title_for
+from .model_config import ModelShape, is_builtin_model, load_model_shape
+from .recommend import (apply_change, budgets_for, max_batch_tokens_for, recommend, size_literal, title_for,
+                        validation_plan)
 from .workload import Workload, resolve
 
 REPORT_SCHEMA = "pytest-transformers-opt/report"
@@ -88,7 +88,7 @@ def describe_hardware(environment: dict[str, Any]) -> str:
     name = environment.get("gpu_name")
     if name:
         cc = environment.get("compute_capability")
-        return f"{name} (compute capability {cc})" if cc else str(name)
+        return f"{name}, compute capability {cc}" if cc else str(name)
     return str(environment.get("device") or "an unnamed device")
 
 
@@ -154,12 +154,13 @@ _CACHE_NEXT = {"static_cache": Change("offloaded_static_cache"),
                "quantized_cache": Change("offloaded_cache")}
 
 
-def _next_memory(stack: list[Change], shape: ModelShape | None, dtype: str, peak: float | None) -> tuple[Change, str]:
+def _next_memory(stack: list[Change], shape: ModelShape | None, dtype: str,
+                 peak: float | None) -> tuple[Change, str]:
     weights, cache = find(stack, "weights"), find(stack, "cache")
     weights_share = None
     if shape is not None and peak:
-        weights_share = weight_bytes(shape, dtype, weights.name if weights and weights.name in ("bnb_8bit", "bnb_4bit")
-                                     else None) / peak
+        quant = weights.name if weights and weights.name in ("bnb_8bit", "bnb_4bit") else None
+        weights_share = weight_bytes(shape, dtype, quant) / peak
     weights_dominate = weights_share is None or weights_share >= 0.5
     share = "" if weights_share is None else f" (weights ~{weights_share:.0%} of the measured peak, estimate)"
     if weights is not None and weights.name == "bnb_8bit" and weights_dominate:
@@ -239,7 +240,7 @@ def advise_from_report(report: dict[str, Any], workload: Workload | None = None,
     derived = Workload(
         model=stated.model or model_info.get("name_or_path"),
         revision=stated.revision or model_info.get("revision"),
-        dtype=stated.dtype or model_info.get("dtype"),
+        dtype=stated.dtype or _known_dtype(model_info.get("dtype")),
         input_tokens=stated.input_tokens or run.get("input_tokens") or None,
         max_new_tokens=stated.max_new_tokens or run.get("max_new_tokens") or None,
         batch_size=stated.batch_size or run.get("batch_size") or None,
@@ -247,6 +248,9 @@ def advise_from_report(report: dict[str, Any], workload: Workload | None = None,
         **{key: getattr(stated, key) for key in ("device", "cpu_memory_bytes", "concurrency", "problem",
                                                  "attention", "gpu_name", "compute_capability", "versions")},
     )
+    if memory_limit and not stated.gpu_memory_bytes:
+        notes.append(f"the run's max_memory budget ({size_literal(int(memory_limit))}) is taken as the memory "
+                     f"available")
     for key in ("max_new_tokens", "input_tokens", "batch_size"):
         if getattr(stated, key) and run.get(key) and getattr(stated, key) != run.get(key):
             notes.append(f"the run measured {key}={run[key]}, the stated workload asks {getattr(stated, key)}: "
@@ -270,8 +274,10 @@ def advise_from_report(report: dict[str, Any], workload: Workload | None = None,
     if outcome == "skipped":
         reason = test.get("skip_reason") or "no reason recorded"
         headline += f" ({reason})"
-        if find(stack, "attention") and find(stack, "attention").name.startswith("flash_attention"):  # type: ignore[union-attr]
-            change, why = Change("sdpa"), "FlashAttention could not run on that machine: sdpa runs almost everywhere."
+        attention = find(stack, "attention")
+        if attention is not None and attention.name.startswith("flash_attention"):
+            change = Change("sdpa")
+            why = "FlashAttention could not run on that machine: sdpa runs almost everywhere."
             new_stack = replace_family(stack, change)
         else:
             why = f"The technique was skipped, so nothing was measured: {reason}."
@@ -297,7 +303,8 @@ def advise_from_report(report: dict[str, Any], workload: Workload | None = None,
     else:
         headline += "; every budget met"
         if concurrency > 1 and not find(stack, "continuous_batching"):
-            change = Change("continuous_batching", {"max_batch_tokens": max_batch_tokens_for(derived.input_tokens or 512)})
+            tokens = max_batch_tokens_for(derived.input_tokens or 512)
+            change = Change("continuous_batching", {"max_batch_tokens": tokens})
             why = f"It passed; with {concurrency} concurrent requests continuous batching is the next step."
             stage = "concurrency"
         elif derived.problem == "speed" and not find(stack, "compile") and not find(stack, "continuous_batching"):
@@ -306,16 +313,25 @@ def advise_from_report(report: dict[str, Any], workload: Workload | None = None,
             why = (f"No further change needed: {config_text} met every budget on {where} (measured) for a "
                    f"workload of {concurrency} concurrent request(s).")
     if change is not None and new_stack is stack:
-        new_stack = replace_family(stack, change, also_drop=("compile",) if change.name == "continuous_batching" else ())
+        new_stack = apply_change(stack, change)
 
     advice = _build(change, new_stack, stage, shape, derived, hardware, baseline, test, stack, dtype)
-    advice.why = [headline + ".", why] + [f"Note: {note}." for note in notes] + advice.why
+    # Without a change the title already carries the reason: do not repeat it under Why.
+    reason = [why] if change is not None or not why.startswith("No further change") else []
+    advice.why = [headline + "."] + reason + [f"Note: {note}." for note in notes] + advice.why
     advice.measured = measured
     advice.measured_source = source or f"report created {report.get('created', '?')}"
     advice.measured_covers_change = change is None
     if change is None:
         advice.title = why if why.startswith("No further change") else f"No new technique: {why}"
     return advice
+
+
+def _known_dtype(value: Any) -> str | None:
+    try:
+        return normalize_dtype(value) if value else None
+    except OptConfigError:  # "auto" or an exotic dtype: let the config decide
+        return None
 
 
 def _try_shape(config: Any, workload: Workload, notes: list[str]) -> ModelShape | None:
@@ -334,36 +350,28 @@ def _build(change: Change | None, stack: list[Change], stage: str | None, shape:
            workload: Workload, hardware: dict[str, Any], baseline: list[Change], test: dict[str, Any],
            previous: list[Change], dtype: str) -> Advice:
     """The Advice for ``stack``: with estimates when the config was read, from measurements alone otherwise."""
+    resolved = resolve(workload, shape, hardware)
     if shape is not None and change is not None:
-        resolved = resolve(workload, shape, hardware)
         advice = recommend(shape, resolved, hardware, current=previous, baseline=baseline, forced=change,
-                           stage_hint=stage or "speed")
-        advice.configuration = stack
-        advice.open_questions = compatibility_questions(resolved.workload, stack, hardware, shape)
+                           stage_hint=stage or "speed", configuration=stack)
     else:
-        advice = Advice(title=title_for(change) if change else "", change=change, configuration=stack,
-                        budgets={}, stage=stage, why=[], figures=[],
-                        documentation=documentation_for(change or (stack[-1] if stack else None)),
-                        open_questions=compatibility_questions(workload, stack, hardware, shape))
-        if shape is not None:
-            resolved = resolve(workload, shape, hardware)
-            from .recommend import validation_plan
-
-            advice.test = validation_plan(shape, resolved, stack, workload.model, baseline)
-        limit = _budget_limit(test, "max_memory")
-        if limit:
-            from .recommend import size_literal
-
-            advice.budgets["max_memory"] = size_literal(int(limit))
-        advice.budgets.update(default_similarity(stack, dtype))
-    if change is not None:
-        from .docs import tradeoffs_for
-
-        advice.tradeoffs = tradeoffs_for(change)
+        tiny = is_builtin_model(workload.model or "")
+        advice = Advice(
+            title=title_for(change) if change else "", change=change, configuration=stack,
+            budgets=budgets_for(stack, change, resolved, tiny, stage == "memory"), stage=stage, why=[],
+            figures=[], documentation=documentation_for(change or (stack[-1] if stack else None)),
+            tradeoffs=tradeoffs_for(change),
+            open_questions=compatibility_questions(resolved.workload, stack, hardware, shape),
+            assumptions=[a.text() for a in sorted(resolved.assumptions, key=lambda a: not a.matters)],
+            test=validation_plan(shape, resolved, stack, workload.model, baseline) if change else None,
+        )
+    limit = _budget_limit(test, "max_memory")
+    if limit and "max_memory" not in advice.budgets:  # memory was met: the next step must keep meeting it
+        advice.budgets = {"max_memory": size_literal(int(limit)), **advice.budgets}
     # A similarity limit the user set (not the failing technique's default) is their requirement: keep it.
     defaults = default_similarity(previous, dtype)
     for name in SIMILARITY_BUDGETS:
-        limit = _budget_limit(test, name)
-        if limit is not None and defaults.get(name) != limit:
-            advice.budgets[name] = limit
+        user_limit = _budget_limit(test, name)
+        if user_limit is not None and defaults.get(name) != user_limit:
+            advice.budgets[name] = user_limit
     return advice

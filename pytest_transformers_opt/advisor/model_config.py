@@ -25,7 +25,9 @@ _ALIASES = {
     "vocab_size": ("vocab_size",),
     "intermediate_size": ("intermediate_size", "n_inner", "ffn_dim"),
 }
+_LLAMA_SHAPED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2")
 _REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+BUILTIN_DEFAULT = "tiny-random-llama"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -57,9 +59,16 @@ class ModelShape:
 
     @property
     def is_builtin_tiny(self) -> bool:
-        from ..tiny_models import is_tiny_model  # lazy: tiny_models belongs to the plugin core
+        return is_builtin_model(self.name)
 
-        return is_tiny_model(self.name)
+
+def is_builtin_model(name: str) -> bool:
+    """True for the plugin's built-in offline models (``tiny-random-llama``, ...)."""
+    try:
+        from ..tiny_models import is_tiny_model  # lazy: tiny_models belongs to the plugin core
+    except ImportError:
+        return name == BUILTIN_DEFAULT
+    return bool(is_tiny_model(name))
 
 
 def _config_error(where: str, detail: str) -> OptConfigError:
@@ -110,9 +119,10 @@ def shape_from_dict(raw: dict[str, Any], name: str, where: str | None = None) ->
     if experts > 1:
         notes.append(f"mixture of experts: all {experts} experts counted as resident in memory")
     window = raw.get("sliding_window")
-    if not (isinstance(window, int) and not isinstance(window, bool) and window > 0) or raw.get("use_sliding_window") is False:
+    valid_window = isinstance(window, int) and not isinstance(window, bool) and window > 0
+    if not valid_window or raw.get("use_sliding_window") is False:
         window = None
-    if model_type not in _NON_GATED and model_type not in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"):
+    if model_type not in _NON_GATED and model_type not in _LLAMA_SHAPED:
         notes.append(f"parameters counted with Llama-shaped layers for model_type {model_type!r}")
     dtype = raw.get("dtype") or raw.get("torch_dtype")
     tie = raw.get("tie_word_embeddings")
@@ -178,11 +188,11 @@ def load_model_shape(source: Any, revision: str | None = None) -> ModelShape:
         return shape_from_dict(raw, str(raw.get("_name_or_path") or getattr(source, "name_or_path", "") or "model"),
                                "config")
     text = str(source)
-    from ..tiny_models import TINY_MODELS, tiny_model_config  # lazy: loads transformers only when needed
-
-    if text in TINY_MODELS:
-        return shape_from_dict(tiny_model_config(text).to_dict(), text, f"built-in model {text}")
     path = Path(text).expanduser()
+    if not path.exists() and is_builtin_model(text):
+        from ..tiny_models import tiny_model_config  # lazy: it imports transformers
+
+        return shape_from_dict(tiny_model_config(text).to_dict(), text, f"built-in model {text}")
     if path.is_dir():
         config_path = path / "config.json"
         if not config_path.is_file():

@@ -13,7 +13,7 @@ workload tradeoffs, never proposed as the change.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..errors import OptConfigError
@@ -23,7 +23,7 @@ from .change import Change, find, replace_family
 from .compat import compatibility_questions, flash_attention_capable
 from .docs import default_similarity, documentation_for, tradeoffs_for
 from .estimates import STAGES, StageEstimate, count_params, stage_estimates, weight_bytes
-from .model_config import ModelShape, load_model_shape
+from .model_config import ModelShape, is_builtin_model, load_model_shape
 from .workload import MEMORY_STAGES, Resolved, Workload, describe_limit, resolve
 
 TINY_MAX_NEW_TOKENS = 16  # keeps the written test to seconds on CPU for built-in models
@@ -48,8 +48,8 @@ class Context:
 
     def stages(self, stack: list[Change], **override: int) -> list[StageEstimate]:
         r = self.resolved
-        figures = dict(input_tokens=r.input_tokens, max_new_tokens=r.max_new_tokens,
-                       batch_size=r.batch_size, concurrency=r.concurrency, **override)
+        figures = {"input_tokens": r.input_tokens, "max_new_tokens": r.max_new_tokens,
+                   "batch_size": r.batch_size, "concurrency": r.concurrency, **override}
         return stage_estimates(self.shape, r.dtype, stack, figures["input_tokens"], figures["max_new_tokens"],
                                figures["batch_size"], figures["concurrency"], device=r.device,
                                attention=r.attention)
@@ -192,6 +192,13 @@ TITLES = {
 }
 
 
+def apply_change(stack: list[Change], change: Change) -> list[Change]:
+    """``stack`` with ``change``: it replaces its own family; compile and continuous batching exclude
+    each other (continuous batching schedules its own paged cache, compile needs a static one)."""
+    exclusive = {"continuous_batching": ("compile",), "compile": ("continuous_batching",)}
+    return replace_family(stack, change, also_drop=exclusive.get(change.name, ()))
+
+
 def title_for(change: Change) -> str:
     base = TITLES.get(change.name, f"Apply {change.name}")
     return base if not change.params else f"{base}: {change.label()}"
@@ -205,27 +212,31 @@ def choose_stage(ctx: Context) -> tuple[str, list[str]]:
     broken = ctx.first_break(ctx.current)
     order = {stage: i for i, stage in enumerate(STAGES)}
     if broken and problem in MEMORY_STAGES and order[problem] < order[broken.stage]:  # type: ignore[index]
-        return problem, [f"You reported the problem at {problem}; the estimates break later, at {broken.stage}, "  # type: ignore[list-item]
-                         f"so the reported stage comes first."]
+        return str(problem), [f"You reported the problem at {problem}; the estimates break later, at "
+                              f"{broken.stage}, so the reported stage comes first."]
     if broken:
         extra = [] if problem in (None, broken.stage) else [
             f"You reported {problem}, but the estimates say the workload breaks earlier, at {broken.stage}: "
             f"that has to be fixed first."]
-        return broken.stage, [f"Stage that breaks first: {broken.stage} (estimate: it needs "
-                              f"{format_bytes(broken.total)} against {describe_limit(ctx.resolved)})."] + extra
+        return broken.stage, [f"Stage that breaks first: {broken.stage}: it needs {format_bytes(broken.total)} "
+                              f"(estimate) against {describe_limit(ctx.resolved)}."] + extra
     if problem in MEMORY_STAGES:
-        basis = ("the estimates fit, so the estimate may miss something (fragmentation, other processes); "
-                 "your report of the problem is taken as the measurement that counts"
+        basis = ("the estimates fit, but they can miss fragmentation or other processes on the device; "
+                 "what you observed takes precedence over the estimate"
                  if ctx.limit is not None else "memory was not stated, so the reported stage is used")
         return problem, [f"Stage: {problem}, as reported; {basis}."]  # type: ignore[list-item]
     if ctx.limit is not None:
-        return "speed", [f"No stage breaks: the estimated peak {format_bytes(ctx.peak(ctx.current))} fits "
-                         f"{describe_limit(ctx.resolved)} (estimate vs {ctx.resolved.memory_limit_source})."]
+        return "speed", [f"No stage breaks: the peak of {format_bytes(ctx.peak(ctx.current))} (estimate) fits "
+                         f"{describe_limit(ctx.resolved)}."]
     return "speed", ["Memory was not stated and no problem stage was given: the workload is assumed to fit, "
                      "and the goal is speed."]
 
 
 # ---------------------------------------------------------------- figures and tradeoffs
+
+def stack_text(stack: list[Change]) -> str:
+    return f"with {' + '.join(c.label() for c in stack)}" if stack else "as is (eager, no optimization)"
+
 
 def stage_figures(ctx: Context, stack: list[Change], prefix: str = "") -> list[Figure]:
     return [Figure(f"{prefix}peak at stage {stage.stage}", stage.total, "estimate") for stage in ctx.stages(stack)]
@@ -288,18 +299,19 @@ def budgets_for(stack: list[Change], change: Change | None, resolved: Resolved, 
     return budgets
 
 
-def validation_plan(shape: ModelShape, resolved: Resolved, stack: list[Change], model: str | None,
+def validation_plan(shape: ModelShape | None, resolved: Resolved, stack: list[Change], model: str | None,
                     baseline: list[Change]) -> ValidationPlan:
-    tiny = shape.is_builtin_tiny
-    name = model or shape.name
+    """The validation test's model and workload; built-in tiny models get short lengths."""
+    name = model or (shape.name if shape else "tiny-random-llama")
+    tiny = is_builtin_model(name)
     path = os.path.abspath(name) if os.path.exists(name) else name
     notes = []
     if os.path.isfile(path):
         path = os.path.dirname(path)
     input_tokens, max_new, batch = resolved.input_tokens, resolved.max_new_tokens, resolved.batch_size
     if tiny:
-        input_tokens, max_new, batch = (min(input_tokens, TINY_MAX_INPUT_TOKENS), min(max_new, TINY_MAX_NEW_TOKENS),
-                                        min(batch, 2))
+        input_tokens = min(input_tokens, TINY_MAX_INPUT_TOKENS)
+        max_new, batch = min(max_new, TINY_MAX_NEW_TOKENS), min(batch, 2)
         notes.append(f"built-in tiny model: lengths capped ({input_tokens} input, {max_new} new tokens) so it "
                      f"runs in seconds on CPU")
     cb = find(stack, "continuous_batching")
@@ -327,9 +339,11 @@ def advise(workload: Workload, config: Any = None, hardware: dict[str, Any] | No
 
 def recommend(shape: ModelShape, resolved: Resolved, hardware: dict[str, Any] | None = None,
               current: list[Change] | None = None, baseline: list[Change] | None = None,
-              forced: Change | None = None, stage_hint: str | None = None) -> Advice:
+              forced: Change | None = None, stage_hint: str | None = None,
+              configuration: list[Change] | None = None) -> Advice:
     """Build the ``Advice``; ``current`` is what runs today, ``forced`` a change decided elsewhere
-    (from measurements), ``stage_hint`` the stage to act on instead of the estimated one."""
+    (from measurements), ``stage_hint`` the stage to act on instead of the estimated one, and
+    ``configuration`` the resulting stack when the change is more than a same-family swap."""
     if current is None:
         current = [] if resolved.attention == "eager" else [Change(resolved.attention)]
     if baseline is None:
@@ -341,19 +355,16 @@ def recommend(shape: ModelShape, resolved: Resolved, hardware: dict[str, Any] | 
         stage, why = choose_stage(ctx)
     change = forced or STRATEGIES[stage](ctx)
     why += ctx.notes
-    family_drop = ("compile",) if change.name == "continuous_batching" else ()
-    stack = replace_family(current, change, also_drop=family_drop)
-    if change.name == "compile":
-        stack = [item for item in stack if item.family != "continuous_batching"]
+    stack = configuration if configuration is not None else apply_change(current, change)
 
     counts = count_params(shape)
     figures = [Figure("parameters", counts.total, "estimate", unit="count"),
                Figure(f"weights in {resolved.dtype}", weight_bytes(shape, resolved.dtype), "estimate")]
-    figures += stage_figures(ctx, current, prefix="today: ")
+    figures += stage_figures(ctx, current, prefix=f"{stack_text(current)}: ")
     broken = ctx.first_break(current)
     if broken is not None:
         figures += [Figure(f"  {label}", value, "estimate") for label, value in broken.parts]
-    figures += stage_figures(ctx, stack, prefix=f"with {' + '.join(c.label() for c in stack)}: ")
+    figures += stage_figures(ctx, stack, prefix=f"{stack_text(stack)}: ")
     if resolved.memory_limit_bytes is not None:
         where = "GPU memory" if resolved.device == "cuda" else "CPU RAM"
         figures.append(Figure(f"{where} available", resolved.memory_limit_bytes, resolved.memory_limit_source))
@@ -362,9 +373,11 @@ def recommend(shape: ModelShape, resolved: Resolved, hardware: dict[str, Any] | 
         why.append("With the change the estimates fit." if after is None else
                    f"With the change the estimates still break at {after.stage}: the next change will follow "
                    f"once this one is validated.")
-    memory_goal = stage in MEMORY_STAGES
+    memory_goal = stage in MEMORY_STAGES or stage == "memory"
     tiny = shape.is_builtin_tiny
-    questions = compatibility_questions(resolved.workload, stack, hardware, shape)
+    # The versions assumed in resolve() are already a stated assumption: no second question for them.
+    questions = compatibility_questions(replace(resolved.workload, versions=resolved.versions), stack, hardware,
+                                        shape)
     assumptions = [a.text() for a in sorted(resolved.assumptions, key=lambda a: not a.matters)]
     assumptions += [f"Model config: {note}." for note in shape.notes]
     return Advice(

@@ -71,15 +71,20 @@ def render_json(advice: Advice, test_path: str | None = None) -> str:
     return json.dumps(data, indent=2) + "\n"
 
 
+def _q(text: str) -> str:
+    """A double-quoted Python string literal (JSON escapes are valid Python escapes)."""
+    return json.dumps(text)
+
+
 def validation_test_source(advice: Advice) -> str:
     """The validation test: a pytest file that the plugin runs (``pytest PATH --opt-report``)."""
     plan: ValidationPlan | None = advice.test
     if plan is None or not advice.configuration:
         raise ValueError("this advice has no configuration to validate")
-    model_args = [repr(plan.model)]
+    model_args = [_q(plan.model)]
     if plan.revision:
-        model_args.append(f"revision={plan.revision!r}")
-    model_args.append(f"dtype={plan.dtype!r}")
+        model_args.append(f"revision={_q(plan.revision)}")
+    model_args.append(f"dtype={_q(plan.dtype)}")
     sentences = max(1, plan.input_tokens // TOKENS_PER_SENTENCE)
     lines = [
         f'"""Validation test written by `pytest-opt advise`: {advice.title}.',
@@ -95,7 +100,8 @@ def validation_test_source(advice: Advice) -> str:
         f"pytestmark = pytest.mark.opt_model({', '.join(model_args)})",
         "",
         f"# ~{plan.input_tokens} tokens per prompt",
-        f"PROMPTS = [f\"Request {{i}}: \" + \" \".join([{SENTENCE!r}] * {sentences}) for i in range({plan.num_prompts})]",
+        f"PROMPTS = [f\"Request {{i}}: \" + \" \".join([{_q(SENTENCE)}] * {sentences})",
+        f"           for i in range({plan.num_prompts})]",
         "",
         "",
     ]

