@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from typing import NoReturn, Sequence
 
-from .advisor import advise, advise_from_report, load_report, render_json, render_text, write_test
+from .advisor import (advise, advise_from_report, load_model_shape, load_report, render_json, render_text,
+                      write_test)
 from .advisor.change import ATTENTION_BACKENDS
 from .advisor.estimates import DTYPE_FORMS, normalize_dtype
 from .advisor.workload import (DEFAULT_INPUT_TOKENS, DEFAULT_MAX_NEW_TOKENS, PROBLEMS, Workload,
@@ -38,12 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     advise = commands.add_parser(
         "advise",
         help="recommend the next inference optimization for a model and workload",
-        description="Recommend ONE inference optimization for a model and workload, from the model's config "
-                    "alone (no weights, offline), following the Transformers 'Inference optimization overview' "
-                    "protocol. Every figure is labelled estimate, measured, stated or probed.",
-        epilog=f"problems (--problem):\n{problems}\n\n"
-               "Missing details are listed under 'Assumptions / questions to answer' with the assumption "
-               "made. Validate the recommendation with --write-test PATH, then: pytest PATH --opt-report",
+        description=textwrap.fill(
+            "Recommend ONE inference optimization for a model and workload, from the model's config alone (no "
+            "weights, offline), following the Transformers 'Inference optimization overview' protocol. Every "
+            "figure is labelled estimate, measured, stated or probed.", 79),
+        epilog=f"problems (--problem):\n{problems}\n\n" + textwrap.fill(
+            "Missing details are listed under 'Assumptions / questions to answer' with the assumption made. "
+            "Validate the recommendation with --write-test PATH, then: pytest PATH --opt-report", 79),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     model = advise.add_argument_group("model")
@@ -58,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"attention implementation your code loads today: {', '.join(ATTENTION_BACKENDS)} or a "
                             f"hub kernel id. Default: the config's, else eager (the plugin's baseline)")
     hardware = advise.add_argument_group("hardware")
-    hardware.add_argument("--device", choices=("cuda", "cpu"), help="where the model runs. Default: cuda")
+    hardware.add_argument("--device", choices=("cuda", "cpu"), help="where the model runs. Default: cuda (cpu for the built-in tiny models)")
     hardware.add_argument("--gpu-memory", metavar="SIZE", help=f"GPU memory available: {SIZE_FORMS}")
     hardware.add_argument("--cpu-memory", metavar="SIZE", help=f"CPU RAM available: {SIZE_FORMS}")
     hardware.add_argument("--gpu-name", metavar="NAME", help="GPU model, e.g. 'NVIDIA A100-SXM4-80GB'")
@@ -125,7 +128,10 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
 def run_advise(args: argparse.Namespace) -> int:
     workload = workload_from_args(args)
     if args.from_report:
-        advice = advise_from_report(load_report(args.from_report), workload, source=args.from_report)
+        report = load_report(args.from_report)
+        # A --model given explicitly must be readable, even though the report could name one.
+        config = load_model_shape(args.model, args.revision) if args.model else None
+        advice = advise_from_report(report, workload, config=config, source=args.from_report)
     else:
         advice = advise(workload)
     if args.write_test:

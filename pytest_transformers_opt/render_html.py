@@ -148,6 +148,7 @@ def _svg_chart(
     legend: Sequence[tuple[str, str]] = (),
     ref_lines: Sequence[RefLine] = (),
     empty: str = "No measured figures for this chart.",
+    axis_note: str = "",
 ) -> str:
     """An inline SVG of horizontal bars: one group per row, one bar per series."""
     if not rows or scale is None:
@@ -183,6 +184,9 @@ def _svg_chart(
         parts.append(f'<text x="{tx:.1f}" y="{plot_bottom + 16}" text-anchor="middle" class="tick">'
                      f"{_e(scale.fmt(tick))}</text>")
     parts.append(f'<line x1="{_PLOT_X}" y1="{_TOP - 4}" x2="{_PLOT_X}" y2="{plot_bottom}" class="axis"/>')
+    if axis_note:
+        parts.append(f'<text x="{_WIDTH - 4}" y="{plot_bottom + 16}" text-anchor="end" class="tick axis-note">'
+                     f"{_e(axis_note)}</text>")
     # rows
     for index, row in enumerate(rows):
         y0 = _TOP + index * row_h + 6
@@ -288,22 +292,31 @@ def memory_chart(report: Mapping[str, Any]) -> str:
             Bar(_finite(opt), opt_text, FAIL_COLOR if over else OPT_COLOR, "optimized peak memory",
                 limit, f"max_memory {text.format_memory(limit)}" if limit is not None else ""),
         ]))
-    values = [v for row in rows for bar in row.bars for v in (bar.value, bar.marker) if v is not None]
-    scale = None
+    values = [v for row in rows for bar in row.bars for v in (bar.value, bar.marker) if v is not None and v > 0]
+    scale: Scale | None = None
+    note = ""
     if rows:
-        # bars in the unit of the largest figure, so that the axis reads 0, 1, 2 GiB
-        top = max(values, default=1.0)
-        unit, factor = next(((u, f) for u, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if top >= f),
-                            ("B", 1))
+        # A log axis when the figures span more than 50x (one huge figure would flatten the rest);
+        # bars in the unit of the largest figure (linear) or of the smallest (log), so the axis
+        # reads "0 GiB, 2 GiB, 4 GiB" or "1 MiB, 10 MiB, 100 MiB".
+        top, bottom = max(values, default=1.0), min(values, default=1.0)
+        log = top / bottom > 50
+        unit, factor = next(((u, f) for u, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+                             if (bottom if log else top) >= f), ("B", 1))
         for row in rows:
             for bar in row.bars:
                 bar.value = None if bar.value is None else bar.value / factor
                 bar.marker = None if bar.marker is None else bar.marker / factor
-        scale = LinearScale(0.0, _nice_max([v / factor for v in values], 1e-9), lambda v: f"{v:g} {unit}")
+        if log:
+            scale = LogScale(bottom / factor, top / factor, lambda v: f"{v:g} {unit}")
+            note = "log scale"
+        else:
+            scale = LinearScale(0.0, _nice_max([v / factor for v in values], 1e-9), lambda v: f"{v:g} {unit}")
     return _svg_chart(
         "chart-memory", "Peak memory, baseline vs optimized", rows, scale,
         legend=[("baseline", BASE_COLOR), ("optimized", OPT_COLOR), ("over budget", FAIL_COLOR),
                 ("max_memory", "marker")],
+        axis_note=note,
     )
 
 
@@ -327,6 +340,7 @@ def kl_chart(report: Mapping[str, Any]) -> str:
     return _svg_chart(
         "chart-kl", "KL(baseline ‖ optimized), mean over the shared prefix (log scale)", rows, scale,
         legend=[("KL mean", OPT_COLOR), ("over budget", FAIL_COLOR), ("max_kl", "marker")],
+        axis_note="log scale",
     )
 
 
@@ -357,6 +371,7 @@ def agreement_chart(report: Mapping[str, Any]) -> str:
         title += f" (axis from {scale.lo * 100:g}%)"
     return _svg_chart(
         "chart-agreement", title, rows, scale,
+        axis_note=f"axis from {scale.lo * 100:g}%" if scale is not None and scale.lo > 0 else "",
         legend=[("top-1", OPT_COLOR), ("token match", ALT_COLOR), ("below budget", FAIL_COLOR),
                 ("min_top1 / min_token_match", "marker")],
     )
@@ -410,7 +425,7 @@ svg.chart-svg { width: 100%; height: auto; display: block; }
 svg text { font-family: inherit; fill: var(--fg); }
 svg .label { font-size: 12px; } svg .legend { font-size: 11.5px; }
 svg .value { font-size: 11.5px; paint-order: stroke; stroke: #ffffff; stroke-width: 3px; stroke-linejoin: round; }
-svg .tick { font-size: 11px; fill: var(--muted); } svg .empty { font-size: 13px; fill: var(--muted); }
+svg .tick { font-size: 11px; fill: var(--muted); } svg .axis-note { font-style: italic; } svg .empty { font-size: 13px; fill: var(--muted); }
 svg .grid { stroke: #e4e7eb; stroke-width: 1; } svg .axis { stroke: #9aa5b1; stroke-width: 1; }
 svg .marker { stroke: #1f2933; stroke-width: 2.5; }
 svg .ref { stroke: #1f2933; stroke-width: 1.5; stroke-dasharray: 5 3; }

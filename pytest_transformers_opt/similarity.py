@@ -70,7 +70,7 @@ def compare_runs(baseline_tokens: list[list[int]], optimized_tokens: list[list[i
         if steps == 0:
             continue
         b, o = base_lp[:steps], opt_lp[:steps]
-        kl = (b.exp() * (b - o)).sum(dim=-1)
+        kl = (b.exp() * (b - o)).sum(dim=-1).clamp_min(0.0)  # KL >= 0; rounding can dip below
         kls.extend(kl.tolist())
         agreements.extend((b.argmax(-1) == o.argmax(-1)).double().tolist())
         if prefix < min(len(baseline_tokens[index]), len(optimized_tokens[index])):

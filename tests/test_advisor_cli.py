@@ -170,6 +170,12 @@ def test_bad_models_and_paths(capsys, tmp_path):
     assert code == 2 and "--from-report: not a pytest-transformers-opt report" in err
     code, _, err = run(capsys, "--from-report", str(tmp_path / "nope.json"))
     assert code == 2 and "--from-report: cannot read" in err
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"schema": "pytest-transformers-opt/report", "schema_version": 1, "tests": []}))
+    code, _, err = run(capsys, "--from-report", str(report))
+    assert code == 2 and "--from-report: the report holds no test records" in err
+    code, _, err = run(capsys, "--from-report", str(report), "--model", str(tmp_path / "missing"))
+    assert code == 2 and "--model:" in err
 
 
 def test_write_test_to_a_missing_folder(capsys, model_dir, tmp_path):

@@ -309,11 +309,16 @@ def test_compile_that_passed_leads_to_continuous_batching_or_nothing():
     passed = _record(techniques=["static_cache", "sdpa", "compile"], outcome="passed", failed_budgets=[])
     serving = advise_from_report(_report(passed), Workload(concurrency=8))
     assert serving.change.name == "continuous_batching"
-    assert "compile" not in [c.name for c in serving.configuration]
     alone = advise_from_report(_report(passed), Workload(concurrency=1))
     assert alone.change is None
     assert alone.title.startswith("No further change needed")
     assert alone.verified and "were measured" in alone.verification_line()
+
+
+def test_continuous_batching_replaces_compile_and_static_cache():
+    passed = _record(techniques=["static_cache", "sdpa", "compile"], outcome="passed", failed_budgets=[])
+    advice = advise_from_report(_report(passed), Workload(concurrency=4))
+    assert [c.name for c in advice.configuration] == ["sdpa", "continuous_batching"]
 
 
 def test_skipped_flash_attention_falls_back_to_sdpa():
@@ -321,6 +326,25 @@ def test_skipped_flash_attention_falls_back_to_sdpa():
                      skip_reason="flash_attention_2 needs a CUDA GPU of compute capability >= 8.0; found: cpu")
     advice = advise_from_report(_report(record))
     assert advice.change.name == "sdpa"
+
+
+def test_a_skipped_run_verifies_nothing():
+    record = _record(techniques=["bnb_4bit"], outcome="skipped", failed_budgets=[], optimized=None, baseline=None,
+                     similarity=None, budgets=[], speedup=None, memory_ratio=None,
+                     skip_reason="bnb_4bit needs bitsandbytes; found: not installed")
+    advice = advise_from_report(_report(record))
+    assert advice.change is None and not advice.verified
+    assert advice.verification_line() == UNVERIFIED
+    assert "bitsandbytes" in advice.title
+
+
+def test_a_cpu_run_takes_its_memory_budget_as_cpu_ram():
+    report = _report(_record(techniques=["sdpa"], outcome="passed", failed_budgets=[]))
+    report["environment"].update(device="cpu", gpu_name=None, compute_capability=None, gpu_memory_bytes=None)
+    advice = advise_from_report(report)
+    assert advice.title.startswith("No further change needed") and "on cpu (measured)" in advice.title
+    assert any("max_memory budget (8 GiB)" in line for line in advice.why)
+    assert all(f.where == "cpu" for f in advice.measured)
 
 
 def test_lossless_technique_failing_similarity_proposes_nothing_new():

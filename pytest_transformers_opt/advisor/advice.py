@@ -101,7 +101,7 @@ class Advice:
     def verification_line(self) -> str:
         if self.verified:
             return "Fit and performance of this configuration were measured (see Measured)."
-        if self.measured:
+        if self.measured and self.change is not None:
             return ("The proposed change has not been run yet: its fit and performance remain unverified "
                     "until the validation test passes.")
         return UNVERIFIED

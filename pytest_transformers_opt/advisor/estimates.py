@@ -24,10 +24,12 @@ BNB_4BIT_BLOCK = 64  # bitsandbytes 4-bit: one fp32 absmax per 64 weights (no do
 QUANTO_GROUP = 64  # quanto KV quantization: one scale + one zero point per 64 values
 QUANTIZED_CACHE_RESIDUAL = 128  # tokens QuantizedCache keeps in full precision (residual_length default)
 OFFLOADED_LAYERS_ON_DEVICE = 2  # current layer + the one prefetched
-# What estimate_peak_memory adds for the runtime (allocator rounding, small buffers). The CUDA
-# context is not counted: torch's peak-memory counters do not include it. Fit checks add
-# RUNTIME_RESERVE_BYTES instead, because the context does take room on the card.
-ALLOCATOR_OVERHEAD_BYTES = 8 * 2**20
+# What estimate_peak_memory adds for the runtime, by device. On CPU the plugin measures a delta of
+# peak RSS, and the runtime's fixed costs (imports, thread arenas) are paid before it: nothing is
+# added. On CUDA, cuBLAS takes its workspace through torch's caching allocator, which the peak
+# counters include; the CUDA context is not counted there. Fit checks add RUNTIME_RESERVE_BYTES
+# instead, because the context does take room on the card.
+RUNTIME_OVERHEAD_BYTES = {"cpu": 0, "cuda": 8 * 2**20}
 RUNTIME_RESERVE_BYTES = {"cuda": 2**30, "cpu": 2**30}
 _LEARNED_POSITIONS = ("gpt2", "gpt_neo", "opt")  # position embeddings are parameters there
 
@@ -249,7 +251,7 @@ class PeakBreakdown:
 
 def peak_breakdown(shape: ModelShape, dtype: str, techniques: Iterable[Change | str] | None,
                    input_tokens: int, max_new_tokens: int, batch_size: int, *,
-                   attention: str | None = None, overhead_bytes: int = ALLOCATOR_OVERHEAD_BYTES,
+                   attention: str | None = None, device: str = "cpu", overhead_bytes: int | None = None,
                    output_scores: bool = False) -> PeakBreakdown:
     """Estimated peak of one ``generate`` call, per device; see ``estimate_peak_memory``."""
     stack = _stack(techniques)
@@ -280,28 +282,34 @@ def peak_breakdown(shape: ModelShape, dtype: str, techniques: Iterable[Change | 
         kv_cache_host=cache.host_bytes,
         attention_scratch=scratch // tp_size,
         activations=(max(prefill - scratch, decode) + logits) // tp_size,
-        overhead=overhead_bytes,
+        overhead=RUNTIME_OVERHEAD_BYTES.get(device.split(":")[0], 0) if overhead_bytes is None else overhead_bytes,
     )
 
 
 def estimate_peak_memory(config: Any, dtype: str, techniques: Iterable[Change | str] | None,
                          input_tokens: int, max_new_tokens: int, batch_size: int, *,
-                         attention: str | None = None, overhead_bytes: int = ALLOCATOR_OVERHEAD_BYTES,
+                         attention: str | None = None, device: str = "cpu", overhead_bytes: int | None = None,
                          output_scores: bool = False) -> int:
-    """Estimated peak memory (bytes) of loading ``config`` and one ``generate`` call.
+    """Estimated peak memory (bytes) of loading ``config`` and one ``generate`` call, per device.
 
     = weights (dtype or bitsandbytes) + KV cache at input + max_new tokens for ``batch_size``
     sequences (per the cache technique; offloaded parts excluded) + the larger of prefill
     scratch (one layer's attention scratch and activations) and decode activations + last-position
-    logits + ``overhead_bytes`` (8 MiB: allocator rounding and small buffers; no CUDA context).
+    logits + a fixed runtime overhead (``RUNTIME_OVERHEAD_BYTES[device]``: 0 on CPU, 8 MiB of
+    cuBLAS workspace on CUDA; ``overhead_bytes`` overrides it).
+
     ``config``: a transformers config, a config dict, a ``ModelShape``, a path or a built-in name.
     ``techniques``: catalogue names or report strings; without an attention backend in them,
     ``attention`` (default: the config's, else ``eager``, the plugin's baseline) is used.
     ``output_scores``: add the per-step fp32 scores that a caller keeps for similarity checks.
+
+    Checked on CPU (fp32) against the plugin's measured peaks (peak-RSS deltas): tiny-random-llama,
+    sdpa, 62 + 16 tokens: +18%; small-random-llama-100m, 4 x 908 + 16 tokens: sdpa +6%, eager -13%.
     """
     shape = load_model_shape(config)
     return peak_breakdown(shape, dtype, techniques, input_tokens, max_new_tokens, batch_size,
-                          attention=attention, overhead_bytes=overhead_bytes, output_scores=output_scores).total
+                          attention=attention, device=device, overhead_bytes=overhead_bytes,
+                          output_scores=output_scores).total
 
 
 # ---------------------------------------------------------------- stages of a workload

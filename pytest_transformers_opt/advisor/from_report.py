@@ -237,6 +237,8 @@ def advise_from_report(report: dict[str, Any], workload: Workload | None = None,
     run = test.get("workload") or {}
     stated = workload or Workload()
     memory_limit = _budget_limit(test, "max_memory")
+    on_cpu = (stated.device or hardware.get("device")) == "cpu"
+    limit_bytes = int(memory_limit) if memory_limit else None
     derived = Workload(
         model=stated.model or model_info.get("name_or_path"),
         revision=stated.revision or model_info.get("revision"),
@@ -244,11 +246,12 @@ def advise_from_report(report: dict[str, Any], workload: Workload | None = None,
         input_tokens=stated.input_tokens or run.get("input_tokens") or None,
         max_new_tokens=stated.max_new_tokens or run.get("max_new_tokens") or None,
         batch_size=stated.batch_size or run.get("batch_size") or None,
-        gpu_memory_bytes=stated.gpu_memory_bytes or (int(memory_limit) if memory_limit else None),
-        **{key: getattr(stated, key) for key in ("device", "cpu_memory_bytes", "concurrency", "problem",
-                                                 "attention", "gpu_name", "compute_capability", "versions")},
+        gpu_memory_bytes=stated.gpu_memory_bytes or (None if on_cpu else limit_bytes),
+        cpu_memory_bytes=stated.cpu_memory_bytes or (limit_bytes if on_cpu else None),
+        **{key: getattr(stated, key) for key in ("device", "concurrency", "problem", "attention", "gpu_name",
+                                                 "compute_capability", "versions")},
     )
-    if memory_limit and not stated.gpu_memory_bytes:
+    if memory_limit and not (stated.cpu_memory_bytes if on_cpu else stated.gpu_memory_bytes):
         notes.append(f"the run's max_memory budget ({size_literal(int(memory_limit))}) is taken as the memory "
                      f"available")
     for key in ("max_new_tokens", "input_tokens", "batch_size"):
@@ -260,17 +263,40 @@ def advise_from_report(report: dict[str, Any], workload: Workload | None = None,
     stack = [parse_technique(str(t)) for t in test.get("techniques") or []]
     baseline = [parse_technique(str(t)) for t in test.get("baseline_techniques") or []]
     measured = measured_figures(test, where)
-    failed = [str(name) for name in test.get("failed_budgets") or []]
-    outcome = test.get("outcome")
     dtype = normalize_dtype(derived.dtype) if derived.dtype else "bfloat16"
-    peak = ((test.get("optimized") or {}).get("peak_memory_bytes"))
     config_text = " + ".join(c.label() for c in stack) or "the baseline"
-    headline = f"Measured run {test.get('nodeid', '?')}: {config_text}, {outcome}"
-    concurrency = derived.concurrency or 1
+    headline = f"Measured run {test.get('nodeid', '?')}: {config_text}, {test.get('outcome')}"
 
+    change, new_stack, stage, why, headline = _decide(test, stack, shape, derived, hardware, dtype, where,
+                                                      headline)
+    if change is not None and new_stack is stack:
+        new_stack = apply_change(stack, change)
+
+    advice = _build(change, new_stack, stage, shape, derived, hardware, baseline, test, stack, dtype)
+    # Without a change the title already carries the reason: do not repeat it under Why.
+    reason = [why] if change is not None or not why.startswith("No further change") else []
+    advice.why = [headline + "."] + reason + [f"Note: {note}." for note in notes] + advice.why
+    advice.measured = measured
+    advice.measured_source = source or f"report created {report.get('created', '?')}"
+    # Only a run that measured (passed or failed on its budgets) covers the configuration it proposes again.
+    advice.measured_covers_change = change is None and test.get("outcome") in ("passed", "failed")
+    if change is None:
+        advice.title = why if why.startswith("No further change") else f"No new technique: {why}"
+    return advice
+
+
+def _decide(test: dict[str, Any], stack: list[Change], shape: ModelShape | None, derived: Workload,
+            hardware: dict[str, Any], dtype: str, where: str,
+            headline: str) -> tuple[Change | None, list[Change], str | None, str, str]:
+    """What the measurements say to do next: (change, new stack, stage, why, headline)."""
+    config_text = " + ".join(c.label() for c in stack) or "the baseline"
+    peak = (test.get("optimized") or {}).get("peak_memory_bytes")
     change: Change | None = None
     new_stack = stack
     stage = None
+    outcome = test.get("outcome")
+    failed = [str(name) for name in test.get("failed_budgets") or []]
+    concurrency = derived.concurrency or 1
     if outcome == "skipped":
         reason = test.get("skip_reason") or "no reason recorded"
         headline += f" ({reason})"
@@ -312,19 +338,7 @@ def advise_from_report(report: dict[str, Any], workload: Workload | None = None,
         else:
             why = (f"No further change needed: {config_text} met every budget on {where} (measured) for a "
                    f"workload of {concurrency} concurrent request(s).")
-    if change is not None and new_stack is stack:
-        new_stack = apply_change(stack, change)
-
-    advice = _build(change, new_stack, stage, shape, derived, hardware, baseline, test, stack, dtype)
-    # Without a change the title already carries the reason: do not repeat it under Why.
-    reason = [why] if change is not None or not why.startswith("No further change") else []
-    advice.why = [headline + "."] + reason + [f"Note: {note}." for note in notes] + advice.why
-    advice.measured = measured
-    advice.measured_source = source or f"report created {report.get('created', '?')}"
-    advice.measured_covers_change = change is None
-    if change is None:
-        advice.title = why if why.startswith("No further change") else f"No new technique: {why}"
-    return advice
+    return change, new_stack, stage, why, headline
 
 
 def _known_dtype(value: Any) -> str | None:

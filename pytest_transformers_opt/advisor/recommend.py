@@ -78,7 +78,7 @@ def _for_load(ctx: Context) -> Change:
         ctx.notes.append("GPU memory was not stated: 8-bit is proposed as the least lossy weight quantization; "
                          "if it still does not fit, 4-bit is the next step.")
         return Change("bnb_8bit")
-    eight, four = (replace_family(ctx.current, Change(q)) for q in ("bnb_8bit", "bnb_4bit"))
+    eight, four = (apply_change(ctx.current, Change(q)) for q in ("bnb_8bit", "bnb_4bit"))
     if ctx.fits(eight):
         ctx.notes.append("With 8-bit weights the whole workload fits (estimate), so 4-bit's larger quality loss "
                          "is not needed.")
@@ -86,10 +86,10 @@ def _for_load(ctx: Context) -> Change:
     if ctx.fits(four):
         ctx.notes.append("8-bit weights do not leave room for the workload (estimate); 4-bit weights do.")
         return Change("bnb_4bit")
-    if ctx.first_break(four) and ctx.first_break(four).stage != "load":  # type: ignore[union-attr]
-        later = ctx.first_break(four).stage  # type: ignore[union-attr]
-        ctx.notes.append(f"4-bit weights load, but the {later} stage still breaks (estimate): after this change "
-                         f"is validated, the next one is for that stage.")
+    broken = ctx.first_break(four)
+    if broken is not None and broken.stage != "load":
+        ctx.notes.append(f"4-bit weights load, but the {broken.stage} stage still breaks (estimate): after this "
+                         f"change is validated, the next one is for that stage.")
         return Change("bnb_4bit")
     for size in (2, 4, 8):
         if ctx.fits(ctx.current + [Change("tensor_parallel", {"tp_size": size})]):
@@ -116,15 +116,15 @@ def _cache_candidates(ctx: Context) -> list[Change]:
 def _for_generation(ctx: Context) -> Change:
     candidates = _cache_candidates(ctx)
     if ctx.limit is None:
-        ctx.notes.append("Memory was not stated: the quantized cache is proposed as the first cache step.")
+        ctx.notes.append(f"Memory was not stated: {candidates[0].label()} is proposed as the first cache step.")
         return candidates[0]
     for change in candidates:
-        if ctx.fits(replace_family(ctx.current, change)):
+        if ctx.fits(apply_change(ctx.current, change)):
             skipped = candidates[: candidates.index(change)]
             if skipped:
                 ctx.notes.append(f"{', '.join(c.label() for c in skipped)} would not make it fit (estimate).")
             return change
-    best = min(candidates, key=lambda c: ctx.peak(replace_family(ctx.current, c)))
+    best = min(candidates, key=lambda c: ctx.peak(apply_change(ctx.current, c)))
     ctx.notes.append(f"No cache technique alone makes the workload fit (estimate); {best.label()} needs the least.")
     return best
 
@@ -179,24 +179,29 @@ STRATEGIES: dict[str, Callable[[Context], Change]] = {
 TITLES = {
     "bnb_8bit": "Quantize the weights to 8-bit with bitsandbytes (bnb_8bit)",
     "bnb_4bit": "Quantize the weights to 4-bit NF4 with bitsandbytes (bnb_4bit)",
-    "quantized_cache": "Quantize the KV cache (quantized_cache)",
+    "quantized_cache": "Quantize the KV cache",
     "offloaded_cache": "Offload the KV cache to CPU RAM (offloaded_cache)",
     "offloaded_static_cache": "Offload the static KV cache to CPU RAM (offloaded_static_cache)",
     "sliding_window_cache": "Cap the KV cache at the model's sliding window (sliding_window_cache)",
     "sdpa": "Switch attention to PyTorch scaled-dot-product attention (sdpa)",
     "flash_attention_2": "Switch attention to FlashAttention-2 (flash_attention_2)",
     "compile": "Compile generation with a static cache (compile)",
-    "continuous_batching": "Serve requests with continuous batching (continuous_batching)",
-    "tensor_parallel": "Split the model over several GPUs with tensor parallelism (tensor_parallel)",
+    "continuous_batching": "Serve requests with continuous batching",
+    "tensor_parallel": "Split the model over several GPUs with tensor parallelism",
     "kernels": "Load optimized hub kernels (kernels)",
 }
 
 
 def apply_change(stack: list[Change], change: Change) -> list[Change]:
-    """``stack`` with ``change``: it replaces its own family; compile and continuous batching exclude
-    each other (continuous batching schedules its own paged cache, compile needs a static one)."""
-    exclusive = {"continuous_batching": ("compile",), "compile": ("continuous_batching",)}
-    return replace_family(stack, change, also_drop=exclusive.get(change.name, ()))
+    """``stack`` with ``change``: it replaces its own family. Continuous batching runs its own paged
+    cache, so it excludes compile and every cache technique (and they exclude it); compile needs a
+    static cache, so a dynamic quantized or offloaded cache replaces it."""
+    exclusive = {"continuous_batching": ("compile", "cache"), "compile": ("continuous_batching",),
+                 "cache": ("continuous_batching",)}
+    drop = exclusive.get(change.family, ())
+    if change.name in ("quantized_cache", "offloaded_cache"):
+        drop += ("compile",)
+    return replace_family(stack, change, also_drop=drop)
 
 
 def title_for(change: Change) -> str:

@@ -56,8 +56,9 @@ def validation_lines(advice: Advice, test_path: str | None) -> list[str]:
     lines.append(f"It runs {plan.num_prompts} prompt(s) of ~{plan.input_tokens} tokens, {plan.max_new_tokens} new "
                  f"tokens, batch {plan.batch_size}, on {plan.model}; it measures peak memory, latency and "
                  f"output similarity against the baseline and checks {checks}.")
-    lines.append("The plugin also runs the baseline (eager attention, no quantization) for the comparison: "
-                 "run the test where the baseline fits; max_memory checks the optimized peak.")
+    baseline = " + ".join(c.label() for c in plan.baseline) or "eager attention, dynamic cache, no quantization"
+    lines.append(f"The plugin also runs the baseline ({baseline}) for the comparison: run the test where the "
+                 f"baseline fits; max_memory checks the optimized peak only.")
     lines += [f"Note: {note}." for note in plan.notes]
     return lines
 

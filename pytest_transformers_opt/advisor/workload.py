@@ -16,12 +16,12 @@ from ..units import format_bytes, parse_non_negative_int, parse_size
 from .estimates import normalize_dtype
 from .model_config import ModelShape
 
-PROBLEMS = {
-    "load": "memory runs out (or loading is too slow) while loading the model: weights and loading settings",
-    "long-input": "memory or speed breaks while processing long inputs (prefill): attention allocations",
-    "long-generation": "memory runs out as generated sequences grow: the KV cache",
-    "concurrency": "serving many concurrent requests: per-request state and scheduling",
-    "speed": "everything fits, generation should be faster (latency or throughput)",
+PROBLEMS = {  # --problem: where memory or speed breaks, and what the protocol investigates there
+    "load": "memory runs out while loading the model: weights, loading settings",
+    "long-input": "memory breaks on long inputs (prefill): attention allocations",
+    "long-generation": "memory runs out as generations grow: the KV cache",
+    "concurrency": "many concurrent requests: per-request state, scheduling",
+    "speed": "everything fits; generation should be faster",
 }
 MEMORY_STAGES = ("load", "long-input", "long-generation", "concurrency")
 DEVICES = ("cuda", "cpu")

@@ -1,0 +1,44 @@
+"""Shared helpers: run a user's test file through a real pytest session (pytester), fast."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+# Few rounds keep the suite quick on 2 cores; the figures are still real measurements.
+FAST_ARGS = ("-p", "no:cacheprovider", "--opt-rounds=2", "--opt-warmup=1")
+
+
+class UserRun:
+    def __init__(self, result: pytest.RunResult, report_path: Path) -> None:
+        self.result = result
+        self.report_path = report_path
+
+    @property
+    def report(self) -> dict[str, Any]:
+        return json.loads(self.report_path.read_text())
+
+    def test(self, name: str) -> dict[str, Any]:
+        for entry in self.report["tests"]:
+            if entry["nodeid"].endswith("::" + name):
+                return entry
+        raise KeyError(f"{name} not in report: {[t['nodeid'] for t in self.report['tests']]}")
+
+
+@pytest.fixture
+def run_user(pytester: pytest.Pytester) -> Callable[..., UserRun]:
+    """Write ``test_user.py`` (and an optional conftest) and run pytest on it with a JSON report."""
+
+    def run(source: str, *args: str, conftest: str | None = None) -> UserRun:
+        if conftest is not None:
+            pytester.makeconftest(conftest)
+        pytester.makepyfile(test_user=source)
+        report = pytester.path / "opt-report.json"
+        result = pytester.runpytest(*FAST_ARGS, f"--opt-report-json={report}", *args)
+        assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+        return UserRun(result, report)
+
+    return run
