@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"attention implementation your code loads today: {', '.join(ATTENTION_BACKENDS)} or a "
                             f"hub kernel id. Default: the config's, else eager (the plugin's baseline)")
     hardware = advise.add_argument_group("hardware")
-    hardware.add_argument("--device", choices=("cuda", "cpu"), help="where the model runs. Default: cuda (cpu for the built-in tiny models)")
+    hardware.add_argument("--device", choices=("cuda", "cpu"),
+                          help="where the model runs. Default: cuda (cpu for the built-in tiny models)")
     hardware.add_argument("--gpu-memory", metavar="SIZE", help=f"GPU memory available: {SIZE_FORMS}")
     hardware.add_argument("--cpu-memory", metavar="SIZE", help=f"CPU RAM available: {SIZE_FORMS}")
     hardware.add_argument("--gpu-name", metavar="NAME", help="GPU model, e.g. 'NVIDIA A100-SXM4-80GB'")

@@ -145,12 +145,26 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
     if errors:
         lines += ["", "failed or errored (not on budgets):"]
         lines += [f"  {t['nodeid'].split('::')[-1]}: {t['error'].splitlines()[-1][:200]}" for t in errors]
+    if report.get("advice"):
+        lines += ["", "next change to try (advisor):"] + [f"  {line}" for line in report["advice"]["summary"]]
     env = report["environment"]
     lines += ["", f"measured on {env.get('device')} ({env.get('gpu_name') or env.get('platform')}), torch "
                   f"{env.get('torch')}, transformers {env.get('transformers')}; all figures measured, medians of "
                   f"{report['settings']['rounds']} interleaved rounds; peak memory is a delta over what was resident "
                   f"before load"]
     return lines
+
+
+def _advice(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The advisor's next single change for the run just measured (None when nothing was measured)."""
+    if not any(t.get("optimized") for t in report["tests"]):
+        return None
+    from .advisor import advise_from_report
+
+    try:
+        return {"summary": advise_from_report(report).summary_lines()}
+    except Exception as exc:  # advice is a bonus: never lose the report over it
+        return {"summary": [f"no advice: {type(exc).__name__}: {exc}"]}
 
 
 class ReportWriter:
@@ -160,6 +174,7 @@ class ReportWriter:
 
     def _report(self) -> dict[str, Any]:
         report = build_report(self.session)
+        report["advice"] = _advice(report)
         self.session.config.hook.pytest_opt_report_extra(config=self.session.config, report=report)
         return report
 
@@ -167,14 +182,31 @@ class ReportWriter:
         if not self.settings.report:
             return
         reporter.write_sep("=", "transformers optimization report")
-        for line in terminal_lines(self._report()):
+        self._cached = self._report()
+        for line in terminal_lines(self._cached):
             reporter.write_line(line)
 
     def write_files(self) -> None:
-        if not self.settings.report_json:
+        """JSON, Markdown (also appended to $GITHUB_STEP_SUMMARY) and HTML, each written atomically."""
+        wants_summary = bool(os.environ.get("GITHUB_STEP_SUMMARY")) and bool(self.session.records)
+        if not (self.settings.report_json or self.settings.report_md or self.settings.report_html or wants_summary):
             return
         report = self._report()
-        write_atomic(Path(self.settings.report_json), json.dumps(report, indent=2, sort_keys=False) + "\n")
+        if self.settings.report_json:
+            write_atomic(Path(self.settings.report_json), json.dumps(report, indent=2) + "\n")
+        if self.settings.report_md or wants_summary:
+            from .render_markdown import render_markdown
+
+            markdown = render_markdown(report)
+            if self.settings.report_md:
+                write_atomic(Path(self.settings.report_md), markdown)
+            if wants_summary:
+                with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as summary:
+                    summary.write(markdown + "\n")
+        if self.settings.report_html:
+            from .render_html import render_html
+
+            write_atomic(Path(self.settings.report_html), render_html(report))
 
 
 def print_catalogue(config: pytest.Config, settings: "Settings") -> int:

@@ -8,6 +8,25 @@ from typing import Any, Callable
 
 import pytest
 
+# pytester's in-process runs drop every module first imported inside them when they end. torch
+# extensions register C++ operator libraries once per process, so re-importing them in the next
+# run fails ("Only a single TORCH_LIBRARY ..."). Importing them here, in the outer process, keeps
+# them for every inner run.
+import torch  # noqa: E402,F401
+import torch._dynamo  # noqa: E402,F401
+import torch._inductor  # noqa: E402,F401
+import torch.distributed._functional_collectives  # noqa: E402,F401
+import transformers  # noqa: E402,F401
+from transformers import (AutoModelForCausalLM, BitsAndBytesConfig, GPT2LMHeadModel, LlamaForCausalLM,  # noqa: E402,F401
+                          MistralForCausalLM, Qwen3ForCausalLM)
+from transformers.generation import ContinuousBatchingConfig  # noqa: E402,F401
+import transformers.generation.continuous_batching  # noqa: E402,F401
+import transformers.integrations.bitsandbytes  # noqa: E402,F401
+import bitsandbytes  # noqa: E402,F401
+import optimum.quanto  # noqa: E402,F401
+import hqq  # noqa: E402,F401
+import accelerate  # noqa: E402,F401
+
 # Few rounds keep the suite quick on 2 cores; the figures are still real measurements.
 FAST_ARGS = ("-p", "no:cacheprovider", "--opt-rounds=2", "--opt-warmup=1")
 

@@ -186,7 +186,8 @@ def _next_quality(stack: list[Change]) -> tuple[Change | None, str, list[Change]
     cache = names.get("quantized_cache")
     if cache is not None and int(cache.params.get("nbits", 4)) < 4:
         better = Change("quantized_cache", {**cache.params, "nbits": 4})
-        return better, "The 2-bit KV cache missed the similarity budget: 4 bits lose less.", replace_family(stack, better)
+        why = "The 2-bit KV cache missed the similarity budget: 4 bits lose less."
+        return better, why, replace_family(stack, better)
     if cache is not None:
         return Change("offloaded_cache"), ("The quantized KV cache missed the similarity budget: offloading keeps "
                                            "it in full precision."), replace_family(stack, Change("offloaded_cache"))

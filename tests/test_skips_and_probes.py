@@ -1,0 +1,143 @@
+"""GPU-only techniques skip on CPU with their reason; strict mode fails instead; probes on faked hardware."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_transformers_opt.hardware import HardwareInfo
+from pytest_transformers_opt.techniques import ProbeContext, TechniqueSpec, build_registry
+from pytest_transformers_opt.techniques import catalogue
+
+GPU_TESTS = '''
+import pytest
+from pytest_transformers_opt import techniques
+
+@pytest.mark.optimization("flash_attention_2")
+def test_fa2(opt_bench):
+    opt_bench()
+
+@pytest.mark.optimization("flash_attention_3")
+def test_fa3(opt_bench):
+    opt_bench()
+
+@pytest.mark.optimization("kernels-community/flash-attn2")
+def test_hub_kernel(opt_bench):
+    opt_bench()
+
+@pytest.mark.optimization("kernels")
+def test_kernels(opt_bench):
+    opt_bench()
+
+@pytest.mark.optimization("offloaded_cache")
+def test_offloaded(opt_bench):
+    opt_bench()
+
+@pytest.mark.optimization("offloaded_static_cache")
+def test_offloaded_static(opt_bench):
+    opt_bench()
+
+@pytest.mark.optimization(techniques.tensor_parallel(tp_size=2))
+def test_tp(opt_bench):
+    opt_bench()
+
+@pytest.mark.optimization("sliding_window_cache")
+def test_sliding_window_on_llama(opt_bench):
+    opt_bench()
+'''
+
+
+def test_gpu_techniques_skip_on_cpu_with_their_reason(run_user):
+    run = run_user(GPU_TESTS, "-rs", "--opt-device=cpu")
+    run.result.assert_outcomes(skipped=8)
+    reasons = {t["nodeid"].split("::")[-1]: t["skip_reason"] for t in run.report["tests"]}
+    assert reasons["test_fa2"] == "flash_attention_2 needs a CUDA GPU of compute capability >= 8.0; found: cpu"
+    assert reasons["test_fa3"] == "flash_attention_3 needs a CUDA GPU of compute capability >= 9.0; found: cpu"
+    assert "needs the kernels package (>=" in reasons["test_hub_kernel"]
+    assert "for transformers " in reasons["test_hub_kernel"] and "found: not installed" in reasons["test_hub_kernel"]
+    assert reasons["test_kernels"].startswith("kernels needs the kernels package") or "CUDA" in reasons["test_kernels"]
+    assert "needs a CUDA GPU to offload the cache from; found: cpu" in reasons["test_offloaded"]
+    assert "needs a CUDA GPU to offload" in reasons["test_offloaded_static"]
+    assert reasons["test_tp"].startswith("tensor_parallel(tp_size=2) needs 2 CUDA devices; found: cpu")
+    assert "config.sliding_window" in reasons["test_sliding_window_on_llama"]
+    run.result.stdout.fnmatch_lines(["*SKIPPED*flash_attention_2 needs a CUDA GPU*"])
+    # skipped before any model was loaded: nothing was measured
+    assert all(t["optimized"] is None for t in run.report["tests"])
+
+
+def test_strict_mode_turns_a_skip_into_a_failure(run_user):
+    run = run_user(GPU_TESTS, "--opt-require=flash_attention_2,offloaded_cache")
+    run.result.assert_outcomes(skipped=6, errors=2)
+    run.result.stdout.fnmatch_lines([
+        "*required technique flash_attention_2 cannot run here (--opt-require): flash_attention_2 needs a CUDA GPU*",
+    ])
+
+
+def test_strict_mode_all(run_user):
+    run = run_user(GPU_TESTS, "--opt-require=all")
+    run.result.assert_outcomes(errors=8)
+
+
+def _ctx(**hardware: object) -> ProbeContext:
+    dtype = str(hardware.pop("dtype", "bfloat16"))
+    info = HardwareInfo(**hardware)  # type: ignore[arg-type]
+    return ProbeContext(hardware=info, model_config=None, dtype=dtype)
+
+
+def _probe(name: str, ctx: ProbeContext, **params: object) -> str | None:
+    return build_registry().resolve(TechniqueSpec.of(name, **params)).probe(ctx)
+
+
+CUDA = dict(device="cuda:0", device_type="cuda", name="NVIDIA T4", device_count=1, bf16_supported=True)
+
+
+def test_flash_attention_2_probe_on_faked_gpus(monkeypatch):
+    monkeypatch.setattr(catalogue, "module_available", lambda module: False)
+    old = _probe("flash_attention_2", _ctx(**CUDA, compute_capability=(7, 5)))
+    assert old == ("flash_attention_2 needs a CUDA GPU of compute capability >= 8.0; "
+                   "found: cuda:0 (NVIDIA T4, compute capability 7.5)")
+    ampere = dict(CUDA, name="NVIDIA A100", compute_capability=(8, 0))
+    assert _probe("flash_attention_2", _ctx(**ampere)) == "flash_attention_2 needs the flash-attn package; found: not installed"
+    monkeypatch.setattr(catalogue, "module_available", lambda module: True)
+    assert _probe("flash_attention_2", _ctx(**ampere, dtype="float32")) == \
+        "flash_attention_2 needs dtype float16 or bfloat16; found: float32"
+    assert _probe("flash_attention_2", _ctx(**ampere)) is None
+    assert "compute capability >= 9.0" in _probe("flash_attention_3", _ctx(**ampere))
+    assert _probe("flash_attention_3", _ctx(**dict(ampere, name="NVIDIA H200", compute_capability=(9, 0)))) is None
+
+
+def test_kernels_probe_names_the_version_window(monkeypatch):
+    monkeypatch.setattr(catalogue, "kernels_window", lambda: ">=0.18.2,<0.19")
+    versions = {"kernels": "0.17.2", "transformers": "5.24.0"}
+    monkeypatch.setattr(catalogue, "package_version", lambda name: versions.get(name))
+    reason = _probe("kernels", _ctx(**CUDA, compute_capability=(9, 0)))
+    assert reason == "kernels needs kernels >=0.18.2,<0.19 (demanded by transformers 5.24.0); found: kernels 0.17.2"
+    versions["kernels"] = "0.18.3"
+    assert _probe("kernels", _ctx(**CUDA, compute_capability=(9, 0))) is None
+    assert _probe("kernels-community/flash-attn2", _ctx(**CUDA, compute_capability=(9, 0))) is None
+    assert "needs a CUDA GPU" in _probe("kernels-community/flash-attn2", _ctx())
+
+
+def test_offload_tp_and_bnb_probes_on_faked_hardware():
+    assert _probe("offloaded_cache", _ctx(**CUDA)) is None
+    one_gpu = _probe("tensor_parallel", _ctx(**CUDA), tp_size=2)
+    assert one_gpu == "tensor_parallel(tp_size=2) needs 2 CUDA devices; found: 1"
+    old_bnb = _ctx(versions={"bitsandbytes": "0.43.1"})
+    assert _probe("bnb_4bit", old_bnb) == "bnb_4bit on cpu needs bitsandbytes >= 0.48 (CPU backend); found: bitsandbytes 0.43.1"
+    assert _probe("bnb_8bit", _ctx(**CUDA, versions={"bitsandbytes": "0.43.1"})) is None
+
+
+def test_sdpa_probe_reads_the_model_class():
+    from transformers import GPT2Config, LlamaConfig
+
+    ctx = ProbeContext(hardware=HardwareInfo(), model_config=LlamaConfig(), dtype="float32")
+    assert _probe("sdpa", ctx) is None
+    assert _probe("sliding_window_cache", ctx).startswith("sliding_window_cache needs a model with sliding-window")
+    gpt2 = ProbeContext(hardware=HardwareInfo(), model_config=GPT2Config(), dtype="float32")
+    assert _probe("sdpa", gpt2) is None
+
+
+@pytest.mark.parametrize("name", ["quantized_cache", "hqq_4bit", "quanto_int8", "torchao_int8"])
+def test_missing_packages_are_named(monkeypatch, name):
+    monkeypatch.setattr(catalogue, "module_available", lambda module: False)
+    reason = _probe(name, _ctx())
+    assert reason is not None and "package; found: not installed" in reason
