@@ -10,6 +10,7 @@ for compiled models (the processor runs outside the compiled forward).
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -21,6 +22,16 @@ if TYPE_CHECKING:
 
 
 NEVER_STOP = -1  # an EOS id no token has
+
+
+class _DropNeverStopWarning(logging.Filter):
+    """transformers warns that a negative EOS id never stops generation: that is the point here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "should consist of positive integers" not in record.getMessage()
+
+
+logging.getLogger("transformers.generation.utils").addFilter(_DropNeverStopWarning())
 
 
 @dataclass

@@ -182,8 +182,7 @@ class ReportWriter:
         if not self.settings.report:
             return
         reporter.write_sep("=", "transformers optimization report")
-        self._cached = self._report()
-        for line in terminal_lines(self._cached):
+        for line in terminal_lines(self._report()):
             reporter.write_line(line)
 
     def write_files(self) -> None:

@@ -199,8 +199,12 @@ class OptSession:
             record.skip_reason = str(reason).removeprefix("Skipped: ")
         elif report.failed:
             record.outcome = "failed" if report.when == "call" else "error"
-            text = report.longreprtext.strip().splitlines()
-            record.error = "\n".join(text[-12:]) if text else None
+            crash = getattr(report.longrepr, "reprcrash", None)
+            if crash is not None and getattr(crash, "message", None):
+                record.error = crash.message[:4000]
+            else:
+                text = report.longreprtext.strip().splitlines()
+                record.error = "\n".join(text[-12:]) if text else None
         elif report.when == "call" and record.outcome not in ("failed", "error"):
             record.outcome = "passed"
 
