@@ -10,7 +10,7 @@ from . import hookspecs
 from .fixtures import opt_baseline_model, opt_bench, opt_hardware, opt_model, opt_plan  # noqa: F401 (fixtures)
 from .markers import MARKERS, marker_help
 from .options import add_options, resolve_settings
-from .report import ReportWriter, print_catalogue
+from .report import ReportWriter, print_catalogue, record_entries
 from .session import SESSION_KEY, OptSession
 
 OPT_FIXTURES = {"opt_bench", "opt_model", "opt_baseline_model"}
@@ -35,6 +35,19 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in MARKERS:
         config.addinivalue_line("markers", marker_help(name))
     config.stash[SESSION_KEY] = OptSession(config, resolve_settings(config))
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(XdistHooks(), "transformers-opt-xdist")
+
+
+class XdistHooks:
+    """Under pytest-xdist, workers send their report entries to the controller, which merges them."""
+
+    @pytest.hookimpl
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        session = node.config.stash.get(SESSION_KEY, None)
+        entries = getattr(node, "workeroutput", {}).get("opt_report_entries", [])
+        if session is not None:
+            session.worker_entries.extend(entries)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -64,5 +77,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     opt_session = session.config.stash.get(SESSION_KEY, None)
     if opt_session is not None:
+        if opt_session.is_xdist_worker:
+            session.config.workeroutput["opt_report_entries"] = record_entries(opt_session)  # type: ignore[attr-defined]
         ReportWriter(opt_session).write_files()
         opt_session.close()

@@ -37,11 +37,10 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def build_report(session: "OptSession") -> dict[str, Any]:
-    tests = []
-    summary = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+def record_entries(session: "OptSession") -> list[dict[str, Any]]:
+    """One JSON-safe report entry per test this process ran (xdist workers ship these to the controller)."""
+    entries = []
     for record in session.records.values():
-        summary[record.outcome] = summary.get(record.outcome, 0) + 1
         entry: dict[str, Any] = {
             "nodeid": record.nodeid, "outcome": record.outcome, "skip_reason": record.skip_reason,
             "error": record.error, "model": None, "techniques": [], "baseline_techniques": [], "workload": None,
@@ -56,7 +55,15 @@ def build_report(session: "OptSession") -> dict[str, Any]:
             entry["baseline_techniques"] = plan.baseline.labels
         if record.result is not None:
             entry.update(record.result.to_dict())
-        tests.append(_clean(entry))
+        entries.append(_clean(entry))
+    return entries
+
+
+def build_report(session: "OptSession") -> dict[str, Any]:
+    tests = sorted(record_entries(session) + list(session.worker_entries), key=lambda t: t["nodeid"])
+    summary = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    for entry in tests:
+        summary[entry["outcome"]] = summary.get(entry["outcome"], 0) + 1
     hardware = session.hardware
     report: dict[str, Any] = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
@@ -179,7 +186,7 @@ class ReportWriter:
         return report
 
     def terminal(self, reporter: Any) -> None:
-        if not self.settings.report:
+        if not self.settings.report or self.session.is_xdist_worker:
             return
         reporter.write_sep("=", "transformers optimization report")
         for line in terminal_lines(self._report()):
@@ -187,7 +194,9 @@ class ReportWriter:
 
     def write_files(self) -> None:
         """JSON, Markdown (also appended to $GITHUB_STEP_SUMMARY) and HTML, each written atomically."""
-        wants_summary = bool(os.environ.get("GITHUB_STEP_SUMMARY")) and bool(self.session.records)
+        if self.session.is_xdist_worker:  # the controller writes the merged report
+            return
+        wants_summary = bool(os.environ.get("GITHUB_STEP_SUMMARY")) and bool(self.session.records or self.session.worker_entries)
         if not (self.settings.report_json or self.settings.report_md or self.settings.report_html or wants_summary):
             return
         report = self._report()

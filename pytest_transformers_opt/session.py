@@ -89,6 +89,8 @@ class OptSession:
         self.reference_runs: dict[tuple[Any, ...], Any] = {}
         self.reference_run_count = 0
         self.records: dict[str, TestRecord] = {}
+        self.worker_entries: list[dict[str, Any]] = []  # report entries sent by xdist workers
+        self.is_xdist_worker = hasattr(config, "workerinput")
         self._configs: dict[str, Any] = {}
 
     # -- lazily built pieces ------------------------------------------------------------------------

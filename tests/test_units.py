@@ -76,7 +76,7 @@ def test_parse_size_rejects_with_accepted_forms(value: Any) -> None:
     _rejects(parse_size, value, "budget max_memory", '"6 GiB"', "int number of bytes", what="budget max_memory")
 
 
-@pytest.mark.parametrize("value", ["1e300 TiB", "1e400 GiB", 2**1100, 10**400], ids=["1e300TiB", "1e400GiB", "2**1100", "10**400"])
+@pytest.mark.parametrize("value", ["1e300 TiB", "1e400 GiB", "1e309", 1e309])
 def test_parse_size_rejects_sizes_too_large_to_represent(value: Any) -> None:
     _rejects(parse_size, value, "budget max_memory", what="budget max_memory")
 
@@ -130,7 +130,7 @@ def test_parse_duration_rejects_with_accepted_forms(value: Any) -> None:
     _rejects(parse_duration, value, "budget max_ttft", '"50 ms"', "float number of seconds", what="budget max_ttft")
 
 
-@pytest.mark.parametrize("value", ["1e308 min", "1e-320 ns", 2**1100], ids=["1e308min", "1e-320ns", "2**1100"])
+@pytest.mark.parametrize("value", ["1e308 min", "1e-320 ns", 2**1100], ids=["1e308 min", "1e-320 ns", "2**1100"])
 def test_parse_duration_rejects_values_that_overflow_or_vanish(value: Any) -> None:
     """A limit of 0 s or infinity seconds is never what the user meant."""
     _rejects(parse_duration, value, "budget max_latency", what="budget max_latency")
@@ -560,7 +560,7 @@ def test_quantized_cache_nbits_accepted_exactly_per_backend(backend: str, nbits:
 
 
 @PROPERTY
-@given(st.one_of(st.integers(min_value=-3, max_value=64), st.booleans(), st.floats(allow_nan=True), st.text(max_size=3)))
+@given(st.one_of(st.integers(min_value=-3, max_value=64), st.booleans(), st.floats(), st.text(max_size=3)))
 def test_tensor_parallel_and_continuous_batching_sizes(value: Any) -> None:
     registry = build_registry()
     is_int = isinstance(value, int) and not isinstance(value, bool)
@@ -569,7 +569,8 @@ def test_tensor_parallel_and_continuous_batching_sizes(value: Any) -> None:
     else:
         _resolve_rejects(registry, techniques.tensor_parallel(tp_size=value), "tp_size")
     if is_int and value > 0:
-        assert registry.resolve(techniques.continuous_batching(max_batch_tokens=value)).params["max_batch_tokens"] == value
+        batching = registry.resolve(techniques.continuous_batching(max_batch_tokens=value))
+        assert batching.params["max_batch_tokens"] == value
     else:
         _resolve_rejects(registry, techniques.continuous_batching(max_batch_tokens=value), "max_batch_tokens")
 

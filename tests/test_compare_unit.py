@@ -1,0 +1,427 @@
+"""Unit tests of ``compare.py``: --opt-compare-fail parsing, per-test verdicts, the terminal summary.
+
+Reports are small dicts built here (valid against the report schema), so no model runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_transformers_opt.compare import (METRICS, Threshold, compare_reports, load_compare_report,
+                                             parse_compare_fail, summarise)
+from pytest_transformers_opt.errors import OptConfigError
+from pytest_transformers_opt.report_validation import validate_report
+
+CPU_ENV: dict[str, Any] = {
+    "python": "3.12.0", "platform": "Linux", "torch": "2.13.0", "transformers": "5.24.0", "accelerate": "1.0",
+    "bitsandbytes": None, "kernels": None, "cuda": None, "driver": None, "device": "cpu", "gpu_name": None,
+    "compute_capability": None, "gpu_memory_bytes": None, "device_count": 0, "bf16_supported": True, "tf32": None,
+}
+H100_ENV = {**CPU_ENV, "device": "cuda:0", "gpu_name": "NVIDIA H100 80GB HBM3", "cuda": "12.8",
+            "compute_capability": "9.0", "gpu_memory_bytes": 80 * 2**30, "device_count": 1}
+
+BASE_FIGURES: dict[str, Any] = {
+    "latency_s": 0.012, "ttft_s": 0.002, "tpot_s": 0.0003, "throughput_tok_s": 800.0,
+    "peak_memory_bytes": 2**30, "speedup": 1.5, "memory_ratio": 0.9,
+    "kl_mean": 0.001, "kl_max": 0.01, "top1": 0.98, "token_match": 1.0,
+}
+
+
+def _metrics(figures: dict[str, Any]) -> dict[str, Any]:
+    return {"ttft_s": figures.get("ttft_s"), "tpot_s": figures.get("tpot_s"), "latency_s": figures.get("latency_s"),
+            "throughput_tok_s": figures.get("throughput_tok_s"), "peak_memory_bytes": figures.get("peak_memory_bytes"),
+            "load_time_s": 0.5, "compile_time_s": None, "tokens_generated": 16, "recompiles": None, "rounds": 3,
+            "latency_samples_s": []}
+
+
+def make_test(nodeid: str, outcome: str = "passed", measured: bool = True, model: dict[str, Any] | None = None,
+              workload: dict[str, Any] | None = None, techniques: list[str] | None = None,
+              skip_reason: str | None = None, **figures: Any) -> dict[str, Any]:
+    """One report test entry; ``figures`` override BASE_FIGURES (None = not measured)."""
+    values = {**BASE_FIGURES, **figures}
+    entry: dict[str, Any] = {
+        "nodeid": nodeid, "outcome": outcome, "skip_reason": skip_reason, "error": None,
+        "model": model or {"name_or_path": "tiny-random-llama", "revision": None, "dtype": "float32"},
+        "techniques": techniques if techniques is not None else ["sdpa"], "baseline_techniques": ["eager"],
+        "workload": None, "baseline": None, "optimized": None, "speedup": None, "memory_ratio": None,
+        "similarity": None, "budgets": [], "failed_budgets": [], "estimates": {}, "regression": None,
+    }
+    if measured:
+        entry.update({
+            "workload": workload or {"num_prompts": 2, "max_new_tokens": 16, "batch_size": 1, "input_tokens": 10},
+            "baseline": _metrics({**values, "latency_s": 0.018}), "optimized": _metrics(values),
+            "speedup": values["speedup"], "memory_ratio": values["memory_ratio"],
+            "similarity": {"token_match": values["token_match"], "kl_mean": values["kl_mean"],
+                           "kl_max": values["kl_max"], "top1": values["top1"], "near_tie": False},
+        })
+    return entry
+
+
+def make_report(*tests: dict[str, Any], env: dict[str, Any] | None = None) -> dict[str, Any]:
+    report = {
+        "schema": "pytest-transformers-opt/report", "schema_version": 1, "created": "2025-01-01T00:00:00+00:00",
+        "environment": copy.deepcopy(env or CPU_ENV),
+        "settings": {"budgets_mode": "enforce", "rounds": 3, "warmup": 1, "device": "cpu",
+                     "default_model": "tiny-random-llama"},
+        "tests": list(tests), "summary": {"passed": len(tests), "failed": 0, "skipped": 0, "error": 0},
+        "advice": None,
+    }
+    validate_report(report)  # the helper itself must make what build_report makes
+    return report
+
+
+T = "tests/test_x.py::test_a"
+
+
+def one(old_test: dict[str, Any], new_test: dict[str, Any], spec: str, **kw: Any) -> dict[str, Any]:
+    result = compare_reports(make_report(old_test, **kw), make_report(new_test, **kw), parse_compare_fail(spec))
+    return result[new_test["nodeid"]]
+
+
+# --- parse_compare_fail ----------------------------------------------------------------------
+
+
+def test_parse_relative_and_absolute() -> None:
+    assert parse_compare_fail("latency:10%, peak_memory:5% ,kl_mean:0.01") == [
+        Threshold("latency", 10.0, True), Threshold("peak_memory", 5.0, True), Threshold("kl_mean", 0.01, False)]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("throughput:0%", Threshold("throughput", 0.0, True)),
+    ("TOP1:.5", Threshold("top1", 0.5, False)),
+    ("peak-memory:1e6", Threshold("peak_memory", 1e6, False)),
+    ("speedup: 2.5 %", Threshold("speedup", 2.5, True)),
+    ("latency:10.%", Threshold("latency", 10.0, True)),
+])
+def test_parse_accepted_spellings(text: str, expected: Threshold) -> None:
+    assert parse_compare_fail(text) == [expected]
+
+
+def test_relative_and_absolute_limit_for_one_metric_both_kept() -> None:
+    assert parse_compare_fail("latency:10%,latency:0.005") == [
+        Threshold("latency", 10.0, True), Threshold("latency", 0.005, False)]
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("", "is empty"),
+    ("   ", "is empty"),
+    ("latency", "no ':'"),
+    ("latency:10%,", "stray comma"),
+    ("latency:", "plain number"),
+    ("latency:%", "plain number"),
+    ("latency:-5%", "negative"),
+    ("latency:abc", "plain number"),
+    ("latency:nan", "plain number"),
+    ("latency:inf%", "plain number"),
+    ("latency:1e999", "not a finite number"),
+    ("latency:1_0", "plain number"),
+    ("latency:10%%", "plain number"),
+    ("latencyy:10%", "did you mean 'latency'"),
+    ("peak_mem:5%", "did you mean 'peak_memory'"),
+    ("bogus:5%", "unknown metric 'bogus'"),
+    ("latency:10%,latency:20%", "twice"),
+])
+def test_parse_rejects(text: str, needle: str) -> None:
+    with pytest.raises(OptConfigError) as info:
+        parse_compare_fail(text, where="ini opt_compare_fail")
+    message = str(info.value)
+    assert message.startswith("ini opt_compare_fail: ")
+    assert needle in message
+    assert "METRIC:NUMBER%" in message and "kl_mean:0.01" in message  # the accepted forms
+
+
+def test_parse_error_names_the_bad_piece_and_default_where() -> None:
+    with pytest.raises(OptConfigError, match=r"^--opt-compare-fail: 'kl_mena:0\.01' .*did you mean 'kl_mean'"):
+        parse_compare_fail("latency:10%,kl_mena:0.01")
+
+
+def test_parse_rejects_non_text() -> None:
+    with pytest.raises(OptConfigError, match="expected text"):
+        parse_compare_fail(10)  # type: ignore[arg-type]
+
+
+def test_threshold_refuses_what_it_cannot_honour() -> None:
+    with pytest.raises(OptConfigError):
+        Threshold("bogus", 1.0, True)
+    with pytest.raises(OptConfigError):
+        Threshold("latency", -1.0, True)
+    with pytest.raises(OptConfigError):
+        Threshold("latency", math.nan, False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_random_text_raises_only_opt_config_error(text: str) -> None:
+    try:
+        result = parse_compare_fail(text)
+    except OptConfigError:
+        return
+    assert result and all(isinstance(t, Threshold) for t in result)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([*METRICS, ":", ",", "%", ".", "-", "1", "0", "e", " ", "nan"]), max_size=12))
+def test_near_miss_text_raises_only_opt_config_error(parts: list[str]) -> None:
+    try:
+        parse_compare_fail("".join(parts))
+    except OptConfigError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(min_value=0, allow_nan=False, allow_infinity=False) | st.integers(min_value=0, max_value=10**12))
+def test_relative_latency_round_trips(x: float) -> None:
+    assert parse_compare_fail(f"latency:{x}%") == [Threshold("latency", float(x), True)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(list(METRICS)), st.floats(min_value=0, allow_nan=False, allow_infinity=False), st.booleans())
+def test_describe_round_trips(metric: str, x: float, relative: bool) -> None:
+    threshold = Threshold(metric, x, relative)
+    (back,) = parse_compare_fail(threshold.describe())
+    assert back.metric == metric and back.relative == relative and math.isclose(back.limit, x, rel_tol=1e-5)
+
+
+# --- verdicts ----------------------------------------------------------------------------------
+
+
+def test_ok_within_threshold_with_details() -> None:
+    result = one(make_test(T), make_test(T, latency_s=0.0125), "latency:10%")
+    assert result["verdict"] == "ok"
+    assert "latency 12.0 ms -> 12.5 ms (+4.2%, limit 10%)" in result["details"]
+
+
+def test_regressed_relative() -> None:
+    result = one(make_test(T), make_test(T, latency_s=0.0135), "latency:10%")
+    assert result["verdict"] == "regressed"
+    assert "latency 12.0 ms -> 13.5 ms (+12.5%, limit 10%): regressed" in result["details"]
+
+
+def test_exactly_at_the_limit_is_ok() -> None:
+    assert one(make_test(T), make_test(T, latency_s=0.0132), "latency:10%")["verdict"] == "ok"
+    assert one(make_test(T), make_test(T, kl_mean=0.011), "kl_mean:0.01")["verdict"] == "ok"
+
+
+def test_improved_relative() -> None:
+    result = one(make_test(T), make_test(T, latency_s=0.010), "latency:10%")
+    assert result["verdict"] == "improved"
+    assert any(d.startswith("latency 12.0 ms -> 10.0 ms (-16.7%") for d in result["details"])
+
+
+def test_regression_beats_improvement() -> None:
+    result = one(make_test(T), make_test(T, latency_s=0.005, peak_memory_bytes=2 * 2**30), "latency:10%,peak_memory:5%")
+    assert result["verdict"] == "regressed"
+    assert any(d.startswith("peak_memory 1.00 GiB -> 2.00 GiB (+100.0%") for d in result["details"])
+
+
+def test_no_threshold_never_regresses_but_is_listed() -> None:
+    new = make_test(T, latency_s=1.0, peak_memory_bytes=4 * 2**30, kl_mean=0.5)
+    result = compare_reports(make_report(make_test(T)), make_report(new), [])[T]
+    assert result["verdict"] == "ok"
+    names = [d.split(" ")[0] for d in result["details"]]
+    assert names == ["latency", "peak_memory", "throughput", "kl_mean", "top1"]  # the five, nothing else
+    assert "latency 12.0 ms -> 1.00 s (+8233.3%)" in result["details"]
+
+
+def test_thresholded_metric_not_repeated_as_informational() -> None:
+    result = one(make_test(T), make_test(T), "latency:10%")
+    assert sum(d.startswith("latency ") for d in result["details"]) == 1
+
+
+@pytest.mark.parametrize("spec, figures, verdict", [
+    ("throughput:10%", {"throughput_tok_s": 700.0}, "regressed"),   # a drop is worse
+    ("throughput:10%", {"throughput_tok_s": 1000.0}, "improved"),
+    ("speedup:10%", {"speedup": 1.2}, "regressed"),
+    ("speedup:10%", {"speedup": 2.0}, "improved"),
+    ("top1:0.01", {"top1": 0.95}, "regressed"),
+    ("top1:0.01", {"top1": 0.975}, "ok"),
+    ("token_match:0", {"token_match": 0.9}, "regressed"),
+    ("kl_max:0.01", {"kl_max": 0.03}, "regressed"),
+    ("memory_ratio:5%", {"memory_ratio": 1.0}, "regressed"),
+    ("ttft:10%", {"ttft_s": 0.0015}, "improved"),
+    ("tpot:10%", {"tpot_s": 0.0004}, "regressed"),
+])
+def test_direction_of_each_metric(spec: str, figures: dict[str, float], verdict: str) -> None:
+    assert one(make_test(T), make_test(T, **figures), spec)["verdict"] == verdict
+
+
+def test_higher_is_better_detail_shows_the_drop() -> None:
+    result = one(make_test(T), make_test(T, throughput_tok_s=700.0), "throughput:10%")
+    assert "throughput 800.0 tok/s -> 700.0 tok/s (-12.5%, limit -10%): regressed" in result["details"]
+
+
+def test_absolute_vs_relative_threshold() -> None:
+    old, new = make_test(T, kl_mean=0.001), make_test(T, kl_mean=0.005)  # +400%, but only +0.004
+    assert one(old, new, "kl_mean:0.01")["verdict"] == "ok"
+    assert one(old, new, "kl_mean:100%")["verdict"] == "regressed"
+    detail = one(old, make_test(T, kl_mean=0.02), "kl_mean:0.01")["details"][0]
+    assert detail == "kl_mean 0.001 -> 0.02 (+0.019, limit +0.01): regressed"
+
+
+def test_absolute_threshold_in_report_units() -> None:
+    result = one(make_test(T), make_test(T, latency_s=0.014), "latency:0.001")  # 1 ms
+    assert result["verdict"] == "regressed"
+    assert result["details"][0] == "latency 12.0 ms -> 14.0 ms (+2.0 ms, limit +1.0 ms): regressed"
+
+
+def test_relative_from_zero() -> None:
+    assert one(make_test(T, kl_mean=0.0), make_test(T, kl_mean=0.0), "kl_mean:10%")["verdict"] == "ok"
+    result = one(make_test(T, kl_mean=0.0), make_test(T, kl_mean=1e-6), "kl_mean:10%")
+    assert result["verdict"] == "regressed"
+    assert "from 0" in result["details"][0] and "absolute" in result["details"][0]
+
+
+def test_new_test() -> None:
+    result = compare_reports(make_report(make_test(T)), make_report(make_test(T), make_test(T + "2")),
+                             parse_compare_fail("latency:10%"))
+    assert result[T + "2"]["verdict"] == "new"
+    assert set(result) == {T, T + "2"}
+
+
+def test_tests_only_in_the_old_report_are_not_keys() -> None:
+    result = compare_reports(make_report(make_test(T), make_test("gone")), make_report(make_test(T)), [])
+    assert set(result) == {T}
+
+
+@pytest.mark.parametrize("old_measured, new_measured, side", [(False, True, "old"), (True, False, "new")])
+def test_skipped_side_not_comparable(old_measured: bool, new_measured: bool, side: str) -> None:
+    def entry(measured: bool) -> dict[str, Any]:
+        if measured:
+            return make_test(T)
+        return make_test(T, outcome="skipped", measured=False, skip_reason="flash_attention_2 needs a CUDA GPU")
+    result = one(entry(old_measured), entry(new_measured), "latency:10%")
+    assert result["verdict"] == "not comparable"
+    assert result["details"] == [f"no measurement in the {side} run (skipped: flash_attention_2 needs a CUDA GPU)"]
+
+
+def test_different_gpu_not_comparable() -> None:
+    a100 = {**H100_ENV, "gpu_name": "NVIDIA A100-SXM4-80GB"}
+    result = compare_reports(make_report(make_test(T), env=H100_ENV), make_report(make_test(T, latency_s=1.0), env=a100),
+                             parse_compare_fail("latency:10%"))[T]
+    assert result["verdict"] == "not comparable"
+    assert result["details"] == ["measured on different hardware: GPU 'NVIDIA H100 80GB HBM3' -> 'NVIDIA A100-SXM4-80GB'"]
+
+
+def test_cpu_vs_gpu_not_comparable() -> None:
+    result = compare_reports(make_report(make_test(T)), make_report(make_test(T), env=H100_ENV), [])[T]
+    assert result["verdict"] == "not comparable"
+    assert any("device 'cpu' -> 'cuda:0'" in d for d in result["details"])
+
+
+def test_same_gpu_model_other_index_is_comparable() -> None:
+    other = {**H100_ENV, "device": "cuda:1"}
+    assert compare_reports(make_report(make_test(T), env=H100_ENV), make_report(make_test(T), env=other),
+                           [])[T]["verdict"] == "ok"
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"model": {"name_or_path": "tiny-random-qwen3", "revision": None, "dtype": "float32"}}, "name_or_path"),
+    ({"model": {"name_or_path": "tiny-random-llama", "revision": "abc", "dtype": "float32"}}, "revision"),
+    ({"model": {"name_or_path": "tiny-random-llama", "revision": None, "dtype": "bfloat16"}}, "dtype"),
+    ({"workload": {"num_prompts": 2, "max_new_tokens": 64, "batch_size": 1, "input_tokens": 10}}, "max_new_tokens"),
+    ({"workload": {"num_prompts": 2, "max_new_tokens": 16, "batch_size": 2, "input_tokens": 10}}, "batch_size"),
+    ({"workload": {"num_prompts": 4, "max_new_tokens": 16, "batch_size": 1, "input_tokens": 10}}, "num_prompts"),
+])
+def test_different_model_or_workload_not_comparable(change: dict[str, Any], needle: str) -> None:
+    result = one(make_test(T), make_test(T, latency_s=1.0, **change), "latency:10%")
+    assert result["verdict"] == "not comparable"
+    assert len(result["details"]) == 1 and needle in result["details"][0]
+
+
+def test_missing_in_new_run_is_a_regression_when_thresholded() -> None:
+    result = one(make_test(T), make_test(T, kl_mean=None), "kl_mean:0.01")
+    assert result["verdict"] == "regressed"
+    assert "kl_mean 0.001 -> not measured: missing in the new run: regressed" in result["details"]
+
+
+def test_missing_without_threshold_is_not_listed_and_not_a_regression() -> None:
+    result = compare_reports(make_report(make_test(T)), make_report(make_test(T, kl_mean=None)), [])[T]
+    assert result["verdict"] == "ok"
+    assert not any(d.startswith("kl_mean") for d in result["details"])
+
+
+def test_missing_in_old_run_is_not_a_regression() -> None:
+    result = one(make_test(T, latency_s=None), make_test(T), "latency:10%")
+    assert result["verdict"] == "ok"
+    assert "latency not measured in the old run (new: 12.0 ms)" in result["details"]
+
+
+def test_nan_in_a_dict_counts_as_not_measured() -> None:
+    old, new = make_report(make_test(T)), make_report(make_test(T))
+    new["tests"][0]["optimized"]["latency_s"] = math.nan  # a report built in memory, before JSON's null
+    result = compare_reports(old, new, parse_compare_fail("latency:10%"))[T]
+    assert result["verdict"] == "regressed" and "missing in the new run" in result["details"][0]
+    old["tests"][0]["optimized"]["latency_s"] = math.nan
+    assert compare_reports(old, new, parse_compare_fail("latency:10%"))[T]["verdict"] == "ok"
+
+
+def test_technique_change_is_noted() -> None:
+    result = one(make_test(T), make_test(T, techniques=["sdpa", "static_cache"]), "latency:10%")
+    assert result["verdict"] == "ok"
+    assert "techniques changed: ['sdpa'] -> ['sdpa', 'static_cache']" in result["details"]
+
+
+def test_verdict_is_schema_shaped() -> None:
+    result = one(make_test(T), make_test(T, latency_s=0.02), "latency:10%")
+    assert set(result) == {"verdict", "details"} and all(isinstance(d, str) for d in result["details"])
+    json.dumps(result)
+
+
+# --- summarise and loading -----------------------------------------------------------------------
+
+
+def test_summarise_lines() -> None:
+    old = make_report(make_test("t::a"), make_test("t::b"), make_test("t::c"), make_test("t::d"))
+    new = make_report(make_test("t::a", latency_s=0.02, peak_memory_bytes=2 * 2**30), make_test("t::b", latency_s=0.005),
+                      make_test("t::c"), make_test("t::d", outcome="skipped", measured=False, skip_reason="no GPU"),
+                      make_test("t::e"))
+    verdicts = compare_reports(old, new, parse_compare_fail("latency:10%,peak_memory:5%"))
+    lines = summarise(verdicts, against="old.json")
+    assert lines == [
+        "REGRESSED t::a: latency 12.0 ms -> 20.0 ms (+66.7%, limit 10%); "
+        "peak_memory 1.00 GiB -> 2.00 GiB (+100.0%, limit 5%)",
+        "not comparable (1 test): no measurement in the new run (skipped: no GPU)",
+        "compare: 1 regressed, 1 improved, 1 ok, 1 new, 1 not comparable (against old.json)",
+    ]
+
+
+def test_summarise_only_regressed_details() -> None:
+    verdicts = compare_reports(make_report(make_test(T)), make_report(make_test(T, latency_s=0.02, kl_mean=0.0011)),
+                               parse_compare_fail("latency:10%,kl_mean:0.01"))
+    (line, _count) = summarise(verdicts, "x.json")
+    assert line == f"REGRESSED {T}: latency 12.0 ms -> 20.0 ms (+66.7%, limit 10%)"
+
+
+def test_summarise_groups_hardware_reasons() -> None:
+    old = make_report(make_test("t::a"), make_test("t::b"))
+    new = make_report(make_test("t::a"), make_test("t::b"), env=H100_ENV)
+    lines = summarise(compare_reports(old, new, []), "o.json")
+    assert lines[0] == "not comparable (2 tests): measured on different hardware: device 'cpu' -> 'cuda:0'"
+    assert lines[-1] == "compare: 0 regressed, 0 improved, 0 ok, 0 new, 2 not comparable (against o.json)"
+
+
+def test_summarise_empty() -> None:
+    assert summarise({}, "o.json") == [
+        "compare: 0 regressed, 0 improved, 0 ok, 0 new, 0 not comparable (against o.json)"]
+
+
+def test_load_compare_report(tmp_path: Any) -> None:
+    path = tmp_path / "old.json"
+    report = make_report(make_test(T))
+    path.write_text(json.dumps(report))
+    assert load_compare_report(str(path)) == report
+    path.write_text("{not json")
+    with pytest.raises(OptConfigError, match=r"^--opt-compare: the report .* is not JSON"):
+        load_compare_report(str(path))
+    with pytest.raises(OptConfigError, match=r"^--opt-compare: cannot read the report"):
+        load_compare_report(str(tmp_path / "missing.json"))
+    path.write_text(json.dumps({**report, "schema_version": 2}))
+    with pytest.raises(OptConfigError, match=r"^--opt-compare: .*schema_version 2 is not supported"):
+        load_compare_report(str(path))
