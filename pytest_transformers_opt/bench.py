@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .budgets import check_budgets, format_checks
+from .budgets import SPEED_BUDGETS, check_budgets, format_checks
 from .errors import OptConfigError, OptProofError
 from .generation import GenerationRun, run_generation
 from .loading import OptModel
@@ -124,40 +124,58 @@ def run_bench(session: "OptSession", plan: "TestPlan", base: OptModel, opt: OptM
     similarity = compare_runs(reference.tokens, verification.tokens, workload.max_new_tokens,
                               reference.logprobs, verification.logprobs)
 
-    graphs_before = _dynamo_graphs()
-    for index in range(workload.rounds):
-        order = (base, opt) if index % 2 == 0 else (opt, base)
-        for side in order:
-            run = once(side)
-            (base_timings if side is base else opt_timings).rounds.append(run.timing)
-    recompiles = _dynamo_graphs() - graphs_before if opt.generation.compile else None
+    recompiles: list[int] = []
 
-    compile_time = None
-    if opt.generation.compile and opt_timings.warmup_s:
-        steady = statistics.median(r.total_s for r in opt_timings.rounds)
-        compile_time = max(0.0, opt_timings.warmup_s[0] - steady)
-    return OptResult(
-        baseline=_side(base, base_timings, _peak(base, base_memory), reference.texts, None, None,
-                       base_memory.method),
-        optimized=_side(opt, opt_timings, _peak(opt, opt_memory), verification.texts, compile_time, recompiles,
-                        opt_memory.method),
-        similarity=similarity, workload=workload, techniques=plan.declared, baseline_techniques=base.labels,
-        model={"name_or_path": plan.marked.model.name_or_path, "revision": plan.marked.model.revision,
-               "dtype": plan.probe_context.dtype},
-    )
+    def timed_rounds() -> OptResult:
+        graphs_before = _dynamo_graphs()
+        for index in range(workload.rounds):
+            order = (base, opt) if index % 2 == 0 else (opt, base)
+            for side in order:
+                run = once(side)
+                (base_timings if side is base else opt_timings).rounds.append(run.timing)
+        recompiles.append(_dynamo_graphs() - graphs_before)
+        compile_time = None
+        if opt.generation.compile and opt_timings.warmup_s:
+            steady = statistics.median(r.total_s for r in opt_timings.rounds)
+            compile_time = max(0.0, opt_timings.warmup_s[0] - steady)
+        return OptResult(
+            baseline=_side(base, base_timings, _peak(base, base_memory), reference.texts, None, None,
+                           base_memory.method),
+            optimized=_side(opt, opt_timings, _peak(opt, opt_memory), verification.texts, compile_time,
+                            sum(recompiles) if opt.generation.compile else None, opt_memory.method),
+            similarity=similarity, workload=workload, techniques=plan.declared, baseline_techniques=base.labels,
+            model={"name_or_path": plan.marked.model.name_or_path, "revision": plan.marked.model.revision,
+                   "dtype": plan.probe_context.dtype},
+            remeasure=timed_rounds,
+        )
+
+    return timed_rounds()
+
+
+def judge_budgets(session: "OptSession", plan: "TestPlan", result: OptResult) -> OptResult:
+    """Check the budgets (none in ``off`` mode).
+
+    A failed timing budget is confirmed first: the same number of interleaved rounds again, judged
+    on all rounds together, so one noisy burst on a shared CI machine does not fail a merge.
+    """
+    if session.settings.budgets == "off":
+        result.budgets = []
+        return result
+    result.budgets = check_budgets(result, plan.budgets)
+    if set(result.failed_budgets) & set(SPEED_BUDGETS) and result.remeasure is not None:
+        result = result.remeasure()
+        result.confirmed = True
+        result.budgets = check_budgets(result, plan.budgets)
+    return result
 
 
 def enforce_budgets(session: "OptSession", plan: "TestPlan", result: OptResult) -> None:
-    """Check the budgets; in ``enforce`` mode a failure fails the test with the full budget table."""
-    mode = session.settings.budgets
-    if mode == "off":
-        result.budgets = []
-        return
-    result.budgets = check_budgets(result, plan.budgets)
+    """In ``enforce`` mode, failed budgets fail the test with the full budget table."""
     failed = result.failed_budgets
-    if failed and mode == "enforce":
+    if failed and session.settings.budgets == "enforce":
+        confirmed = " (confirmed by a second set of rounds)" if result.confirmed else ""
         pytest.fail(
-            f"budgets failed ({', '.join(failed)}) for [{', '.join(plan.declared)}] vs baseline "
+            f"budgets failed ({', '.join(failed)}){confirmed} for [{', '.join(plan.declared)}] vs baseline "
             f"[{', '.join(result.baseline_techniques)}] on {plan.marked.model.name_or_path}:\n"
             f"{format_checks(result.budgets)}",
             pytrace=False,

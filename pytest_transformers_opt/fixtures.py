@@ -6,7 +6,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import pytest
 
-from .bench import build_workload, enforce_budgets, run_bench
+from .bench import build_workload, enforce_budgets, judge_budgets, run_bench
 from .errors import OptConfigError
 from .hardware import HardwareInfo
 from .loading import OptModel
@@ -75,7 +75,9 @@ def opt_bench(request: pytest.FixtureRequest, opt_plan: TestPlan, opt_baseline_m
               warmup: Any = None) -> OptResult:
         workload = _or_fail(lambda: build_workload(session, opt_model, prompts, max_new_tokens, batch_size, rounds,
                                                    warmup))
-        result = run_bench(session, opt_plan, opt_baseline_model, opt_model, workload)
+        result = judge_budgets(session, opt_plan, run_bench(session, opt_plan, opt_baseline_model, opt_model,
+                                                            workload))
+        result.remeasure = None  # frees the closure over models and runs
         record.result = result
         enforce_budgets(session, opt_plan, result)
         return result

@@ -96,6 +96,15 @@ def _spy_attention(model: Any, evidence: RunEvidence) -> Iterator[None]:
         evidence.attention_module_calls = module_calls[0]
 
 
+@contextlib.contextmanager
+def _technique_contexts(opt: "OptModel") -> Iterator[None]:
+    """Enter every technique's ``around_generate`` context (backend flags, hooks, profilers)."""
+    with contextlib.ExitStack() as stack:
+        for technique in opt.techniques:
+            stack.enter_context(technique.around_generate(opt.model))
+        yield
+
+
 def install_compile_counter(opt: "OptModel") -> None:
     """Pre-create transformers' compiled forward, wrapped to count calls (the proof that it ran)."""
     import torch
@@ -140,12 +149,13 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
         kwargs: dict[str, Any] = dict(
             max_new_tokens=max_new_tokens, eos_token_id=NEVER_STOP, do_sample=False,
             pad_token_id=tokenizer.pad_token_id, return_dict_in_generate=True, output_logits=keep_logits,
-            logits_processor=[timer],
         )
         kwargs.update(opt.generation.kwargs)
         kwargs.update(extra or {})
+        # the timer first, then any processors a technique or the caller added
+        kwargs["logits_processor"] = [timer, *kwargs.get("logits_processor", [])]
         spying = _spy_attention(model, evidence) if spy and not opt.generation.compile else contextlib.nullcontext()
-        with torch.inference_mode(), spying:
+        with torch.inference_mode(), spying, _technique_contexts(opt):
             start = now(device)
             output = model.generate(**encoded, **kwargs)
             end = now(device)
@@ -179,10 +189,12 @@ def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=NEVER_STOP,
                               pad_token_id=tokenizer.pad_token_id)
     cb_config = ContinuousBatchingConfig(**(opt.generation.continuous_batching or {}))
-    start = now(device)
-    outputs = opt.model.generate_batch(inputs=inputs, generation_config=config, continuous_batching_config=cb_config,
-                                       record_timestamps=True, progress_bar=False)
-    end = now(device)
+    with _technique_contexts(opt):
+        start = now(device)
+        outputs = opt.model.generate_batch(inputs=inputs, generation_config=config,
+                                           continuous_batching_config=cb_config, record_timestamps=True,
+                                           progress_bar=False)
+        end = now(device)
     # generate_batch names requests req_0, req_1 ... in input order
     ordered = [outputs[k] for k in sorted(outputs, key=lambda k: int(str(k).rsplit("_", 1)[-1]))]
     errors = [o.error for o in ordered if getattr(o, "error", None)]

@@ -199,6 +199,7 @@ def resolve_settings(config: pytest.Config) -> Settings:
     baseline = config.getini("opt_baseline")
     if baseline:
         settings.baseline = tuple(n.strip() for n in baseline.split(",") if n.strip())
+    _load_compare(settings)
     for key in ("report_json", "report_md", "report_html"):
         path = settings.values.get(key)
         if path:
@@ -215,3 +216,19 @@ def _check_writable(path: Path, source: str) -> None:
         raise pytest.UsageError(f"{source}: the folder {str(parent)!r} does not exist; create it or choose another path")
     if not os.access(parent, os.W_OK):
         raise pytest.UsageError(f"{source}: the folder {str(parent)!r} is not writable")
+
+
+def _load_compare(settings: Settings) -> None:
+    """Parse --opt-compare-fail and read the --opt-compare report now: a bad one is a usage error."""
+    from .compare import load_compare_report, parse_compare_fail
+
+    thresholds = []
+    try:
+        if settings.values.get("compare_fail"):
+            thresholds = parse_compare_fail(settings.compare_fail, settings.sources["compare_fail"])
+        settings.values["compare_report"] = load_compare_report(settings.compare) if settings.compare else None
+    except OptConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if thresholds and not settings.compare:
+        raise pytest.UsageError(f"{settings.sources['compare_fail']}: needs --opt-compare=PATH (the earlier report)")
+    settings.values["compare_thresholds"] = thresholds

@@ -171,14 +171,15 @@ def _child_env(device_type: str, tp_size: int) -> tuple[dict[str, str], int | No
     return env, threads
 
 
-def _read_ranks(out_dir: Path, tp_size: int) -> tuple[list[dict[str, Any] | None], list[str]]:
+def _read_ranks(out_dir: Path, tp_size: int, timed_out: bool) -> tuple[list[dict[str, Any] | None], list[str]]:
     reports: list[dict[str, Any] | None] = []
     problems: list[str] = []
     for rank in range(tp_size):
         path = out_dir / f"rank{rank}.json"
         if not path.is_file():
             reports.append(None)
-            problems.append(f"rank {rank} wrote no report (killed, or stopped by torchrun after another rank failed)")
+            why = "stopped at the timeout" if timed_out else "killed, or stopped by torchrun after another rank failed"
+            problems.append(f"rank {rank} wrote no report ({why})")
             continue
         try:
             report = json.loads(path.read_text())
@@ -259,7 +260,7 @@ def run_tensor_parallel(model_path: str, *, dtype: str | None, tp_size: int, pro
                 _kill_group(proc)
                 raise
         wall = time.perf_counter() - start
-        reports, problems = _read_ranks(out_dir, tp_size)
+        reports, problems = _read_ranks(out_dir, tp_size, timed_out=code is None)
         if code is None or code != 0 or problems:
             what = f"timed out after {timeout_s:g} s" if code is None else f"exited with status {code}"
             detail = "; ".join(problems) or "every rank reported success"

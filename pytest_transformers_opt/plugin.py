@@ -10,7 +10,7 @@ from . import hookspecs
 from .fixtures import opt_baseline_model, opt_bench, opt_hardware, opt_model, opt_plan  # noqa: F401 (fixtures)
 from .markers import MARKERS, marker_help
 from .options import add_options, resolve_settings
-from .report import ReportWriter, print_catalogue, record_entries
+from .report import ReportWriter, apply_compare, print_catalogue, record_entries
 from .session import SESSION_KEY, OptSession
 
 OPT_FIXTURES = {"opt_bench", "opt_model", "opt_baseline_model"}
@@ -79,5 +79,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if opt_session is not None:
         if opt_session.is_xdist_worker:
             session.config.workeroutput["opt_report_entries"] = record_entries(opt_session)  # type: ignore[attr-defined]
+        session.exitstatus = apply_compare(opt_session, session.exitstatus)
         ReportWriter(opt_session).write_files()
         opt_session.close()

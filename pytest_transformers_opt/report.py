@@ -162,6 +162,22 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def apply_compare(session: "OptSession", exit_status: int) -> int:
+    """--opt-compare: a regression verdict per test; past a --opt-compare-fail threshold the run fails."""
+    settings = session.settings
+    if settings.compare_report is None or session.is_xdist_worker:
+        return exit_status
+    from .compare import compare_reports, summarise
+
+    current = build_report(session)
+    session.regressions = compare_reports(settings.compare_report, current, settings.compare_thresholds)
+    session.compare_lines = ["", *summarise(session.regressions, settings.compare)]
+    regressed = [n for n, v in session.regressions.items() if v["verdict"] == "regressed"]
+    if regressed and exit_status == pytest.ExitCode.OK:
+        return pytest.ExitCode.TESTS_FAILED
+    return exit_status
+
+
 def _advice(report: dict[str, Any]) -> dict[str, Any] | None:
     """The advisor's next single change for the run just measured (None when nothing was measured)."""
     if not any(t.get("optimized") for t in report["tests"]):
@@ -182,6 +198,8 @@ class ReportWriter:
     def _report(self) -> dict[str, Any]:
         report = build_report(self.session)
         report["advice"] = _advice(report)
+        for entry in report["tests"]:
+            entry["regression"] = self.session.regressions.get(entry["nodeid"])
         self.session.config.hook.pytest_opt_report_extra(config=self.session.config, report=report)
         return report
 
@@ -189,7 +207,7 @@ class ReportWriter:
         if not self.settings.report or self.session.is_xdist_worker:
             return
         reporter.write_sep("=", "transformers optimization report")
-        for line in terminal_lines(self._report()):
+        for line in terminal_lines(self._report()) + self.session.compare_lines:
             reporter.write_line(line)
 
     def write_files(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .budgets import BudgetCheck
 from .similarity import Similarity
@@ -70,6 +70,9 @@ class OptResult:
     baseline_techniques: list[str]
     budgets: list[BudgetCheck] = field(default_factory=list)
     model: dict[str, Any] = field(default_factory=dict)
+    # measures more interleaved rounds and returns the updated result (confirm-on-failure)
+    remeasure: Callable[[], "OptResult"] | None = field(default=None, repr=False, compare=False)
+    confirmed: bool = False  # a speed budget failed once and was measured again
 
     @property
     def speedup(self) -> float | None:

@@ -91,6 +91,8 @@ class OptSession:
         self.records: dict[str, TestRecord] = {}
         self.worker_entries: list[dict[str, Any]] = []  # report entries sent by xdist workers
         self.is_xdist_worker = hasattr(config, "workerinput")
+        self.regressions: dict[str, dict[str, Any]] = {}  # --opt-compare verdicts by nodeid
+        self.compare_lines: list[str] = []
         self._configs: dict[str, Any] = {}
 
     # -- lazily built pieces ------------------------------------------------------------------------

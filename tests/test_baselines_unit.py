@@ -266,7 +266,15 @@ def _bad_files() -> dict[str, bytes]:
     }
 
 
-@pytest.mark.parametrize("case", list(_bad_files()))
+BAD_CASES = ["not JSON", "truncated", "a report", "a list", "no schema", "other schema_version", "ill-typed tokens",
+             "missing fingerprint", "short top-k", "copied from another key"]
+
+
+def test_every_bad_case_is_listed() -> None:
+    assert list(_bad_files()) == BAD_CASES
+
+
+@pytest.mark.parametrize("case", BAD_CASES)
 def test_a_bad_file_is_a_clear_error_and_never_overwritten_without_update(tmp_path: Path, case: str) -> None:
     store = BaselineStore(tmp_path)
     baseline = _baseline()
@@ -329,20 +337,22 @@ def test_missing_message_says_how_to_create_it(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------- processes
 
 
-def _save_many(directory: str, latency: float, times: int) -> None:
+# The workers get the baseline as JSON text: they need neither torch nor a model, so they start fast.
+def _save_many(directory: str, text: str, times: int) -> None:
     store = BaselineStore(directory)
     for _ in range(times):
-        store.save(_baseline(latency=latency), update=True)
+        store.save(StoredBaseline.from_json(text), update=True)
 
 
-def _save_after_signal(directory: str, ready: Any) -> None:
+def _save_after_signal(directory: str, text: str, ready: Any) -> None:
     ready.set()
-    BaselineStore(directory).save(_baseline(latency=0.7), update=True)
+    BaselineStore(directory).save(StoredBaseline.from_json(text), update=True)
 
 
 def test_two_processes_saving_one_key_leave_a_valid_file(tmp_path: Path) -> None:
     context = multiprocessing.get_context("spawn")
-    workers = [context.Process(target=_save_many, args=(str(tmp_path), latency, 15)) for latency in (0.25, 0.75)]
+    workers = [context.Process(target=_save_many, args=(str(tmp_path), _baseline(latency=latency).to_json(), 15))
+               for latency in (0.25, 0.75)]
     for worker in workers:
         worker.start()
     for worker in workers:
@@ -358,7 +368,7 @@ def test_a_writer_waits_for_the_lock(tmp_path: Path) -> None:
     path = store.path_for(baseline_key(**KEY_ARGS))
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
-    writer = context.Process(target=_save_after_signal, args=(str(tmp_path), ready))
+    writer = context.Process(target=_save_after_signal, args=(str(tmp_path), _baseline(latency=0.7).to_json(), ready))
     with store._locked(path):
         writer.start()
         assert ready.wait(60)

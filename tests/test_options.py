@@ -169,7 +169,7 @@ def test_report_json_from_ini_names_the_ini_key(pytester: pytest.Pytester) -> No
 NEEDS_A_HUGE_SPEEDUP = '''
 import pytest
 
-@pytest.mark.optimization("sdpa", min_speedup=1000)
+@pytest.mark.optimization("static_cache", min_speedup=1000)
 def test_needs_a_huge_speedup(opt_bench):
     opt_bench(max_new_tokens=4)
 '''

@@ -7,9 +7,10 @@ the test's setup, and a bad one becomes that test's error.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, ContextManager
 
 from ..errors import OptConfigError
 
@@ -120,6 +121,10 @@ class Technique:
 
     def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:
         """Add ``generate`` arguments."""
+
+    def around_generate(self, model: Any) -> ContextManager[Any]:
+        """A context entered around every generate call of this configuration (flags, hooks, profilers)."""
+        return contextlib.nullcontext()
 
     def verify_loaded(self, model: Any) -> str | None:
         """A reason the loaded model shows no sign of the technique; None when it does."""
