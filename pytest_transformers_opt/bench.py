@@ -10,10 +10,14 @@ side goes first so neither always runs on a warmer cache.
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
+from .baselines import (BaselineStore, StoredBaseline, baseline_key, hardware_fingerprint, measurements_usable,
+                        similarity_against_stored)
 from .budgets import SPEED_BUDGETS, check_budgets, format_checks
 from .errors import OptConfigError, OptProofError
 from .generation import GenerationRun, run_generation
@@ -96,8 +100,43 @@ def _side(opt: OptModel, timings: Timings, peak: int | None, texts: list[str], c
     )
 
 
-def run_bench(session: "OptSession", plan: "TestPlan", base: OptModel, opt: OptModel, workload: Workload) -> OptResult:
-    """Measure, compare and record; the caller checks the budgets."""
+@dataclass
+class StoredContext:
+    """The stored baseline of this (model, revision, dtype, baseline, workload), when stored ones are used."""
+
+    store: BaselineStore
+    key: str
+    stored: StoredBaseline | None
+    measurements_ok: bool
+    why_not: str
+
+
+def _stored_context(session: "OptSession", plan: "TestPlan", workload: Workload) -> StoredContext | None:
+    """None when this project does not use stored baselines (no folder, no --opt-update-baselines)."""
+    settings = session.settings
+    folder = Path(settings.baselines)
+    if not settings.update_baselines and not folder.is_dir():
+        return None
+    store = BaselineStore(folder)
+    request = plan.marked.model
+    key = baseline_key(request.name_or_path, request.revision, plan.probe_context.dtype, plan.baseline.labels,
+                       workload.to_dict())
+    stored = None if settings.update_baselines else store.load(key)  # corrupt/foreign: OptConfigError
+    if stored is None:
+        why = "" if settings.update_baselines else store.missing_message(key, plan.nodeid)
+        return StoredContext(store, key, None, False, why)
+    ok, why = measurements_usable(stored, hardware_fingerprint(session.hardware.as_environment()))
+    return StoredContext(store, key, stored, ok, why)
+
+
+def run_bench(session: "OptSession", plan: "TestPlan", get_base: Callable[[], OptModel], opt: OptModel,
+              workload: Workload) -> OptResult:
+    """Measure, compare and record; the caller checks the budgets.
+
+    The baseline model is loaded only when it is needed: a stored baseline measured on this very
+    hardware replaces it, so a 4-bit test on a small GPU can be judged against a baseline captured on
+    a large one.
+    """
     def once(side: OptModel, **kwargs: Any) -> GenerationRun:
         try:
             return run_generation(side, workload.prompts, workload.max_new_tokens, batch_size=workload.batch_size,
@@ -109,28 +148,50 @@ def run_bench(session: "OptSession", plan: "TestPlan", base: OptModel, opt: OptM
             raise RuntimeError(f"{which} generation with [{', '.join(side.labels)}] raised "
                                f"{type(exc).__name__}: {exc}") from exc
 
+    notes: list[str] = []
+    stored_ctx = _stored_context(session, plan, workload)
+    stored = stored_ctx.stored if stored_ctx else None
+    if stored_ctx and stored is None and stored_ctx.why_not:
+        notes.append(stored_ctx.why_not)
+    base: OptModel | None = None
+    if stored is None or not stored_ctx.measurements_ok:  # type: ignore[union-attr]
+        base = get_base()
+    if opt.tensor_parallel_size:
+        return _run_tensor_parallel_bench(session, plan, get_base() if base is None else base, opt, workload, once)
+
     base_timings, opt_timings = Timings(), Timings()
     for _ in range(workload.warmup):
         opt_timings.warmup_s.append(once(opt).timing.total_s)
-        base_timings.warmup_s.append(once(base).timing.total_s)
-
-    reference, base_memory = _reference_run(session, base, workload)
+        if base is not None:
+            base_timings.warmup_s.append(once(base).timing.total_s)
+    reference, base_memory = _reference_run(session, base, workload) if base is not None else (None, None)
     with track_peak_memory(opt.device) as opt_memory:
         verification = once(opt, keep_logits=True, spy=True)
     for technique in opt.techniques:
         problem = technique.verify_run(opt.model, verification.evidence)
         if problem:
             raise OptProofError(f"silent fallback: {problem}")
-    similarity = compare_runs(reference.tokens, verification.tokens, workload.max_new_tokens,
-                              reference.logprobs, verification.logprobs)
+    if stored is not None:
+        similarity = similarity_against_stored(stored, verification.tokens, verification.logprobs,
+                                               workload.max_new_tokens)
+        notes.append(f"similarity against the stored baseline {stored_ctx.store.path_for(stored_ctx.key)}"  # type: ignore[union-attr]
+                     f" (KL is a lower bound from its top-{stored.k})")
+        if not stored_ctx.measurements_ok:  # type: ignore[union-attr]
+            notes.append(stored_ctx.why_not)  # type: ignore[union-attr]
+        else:
+            notes.append("baseline speed and memory from the stored baseline (same hardware fingerprint); "
+                         "speedup compares against its medians, not interleaved rounds")
+    else:
+        similarity = compare_runs(reference.tokens, verification.tokens, workload.max_new_tokens,  # type: ignore[union-attr]
+                                  reference.logprobs, verification.logprobs)  # type: ignore[union-attr]
 
     recompiles: list[int] = []
 
     def timed_rounds() -> OptResult:
         graphs_before = _dynamo_graphs()
         for index in range(workload.rounds):
-            order = (base, opt) if index % 2 == 0 else (opt, base)
-            for side in order:
+            sides = [s for s in ((base, opt) if index % 2 == 0 else (opt, base)) if s is not None]
+            for side in sides:
                 run = once(side)
                 (base_timings if side is base else opt_timings).rounds.append(run.timing)
         recompiles.append(_dynamo_graphs() - graphs_before)
@@ -138,18 +199,89 @@ def run_bench(session: "OptSession", plan: "TestPlan", base: OptModel, opt: OptM
         if opt.generation.compile and opt_timings.warmup_s:
             steady = statistics.median(r.total_s for r in opt_timings.rounds)
             compile_time = max(0.0, opt_timings.warmup_s[0] - steady)
+        if base is not None:
+            baseline = _side(base, base_timings, _peak(base, base_memory), reference.texts, None, None,  # type: ignore[union-attr,arg-type]
+                             base_memory.method)  # type: ignore[union-attr]
+        else:
+            baseline = stored.side_metrics()  # type: ignore[union-attr]
         return OptResult(
-            baseline=_side(base, base_timings, _peak(base, base_memory), reference.texts, None, None,
-                           base_memory.method),
+            baseline=baseline,
             optimized=_side(opt, opt_timings, _peak(opt, opt_memory), verification.texts, compile_time,
                             sum(recompiles) if opt.generation.compile else None, opt_memory.method),
-            similarity=similarity, workload=workload, techniques=plan.declared, baseline_techniques=base.labels,
+            similarity=similarity, workload=workload, techniques=plan.declared, baseline_techniques=plan.baseline.labels,
             model={"name_or_path": plan.marked.model.name_or_path, "revision": plan.marked.model.revision,
                    "dtype": plan.probe_context.dtype},
-            remeasure=timed_rounds,
+            remeasure=timed_rounds, notes=list(notes),
         )
 
-    return timed_rounds()
+    result = timed_rounds()
+    if session.settings.update_baselines and base is not None:
+        _save_baseline(session, plan, stored_ctx, reference, result)  # type: ignore[arg-type]
+    return result
+
+
+def _save_baseline(session: "OptSession", plan: "TestPlan", ctx: StoredContext, reference: GenerationRun,
+                   result: OptResult) -> None:
+    """--opt-update-baselines: write the baseline once per key per session (atomic, locked)."""
+    if ctx.key in session.saved_baselines:
+        return
+    request = plan.marked.model
+    baseline = StoredBaseline.build(
+        model=request.name_or_path, revision=request.revision, dtype=plan.probe_context.dtype,
+        baseline_techniques=plan.baseline.labels, workload=result.workload.to_dict(), tokens=reference.tokens,
+        logprobs=reference.logprobs, measurements=result.baseline, environment=session.hardware.as_environment(),
+        texts=reference.texts)
+    path = ctx.store.save(baseline, update=True)
+    session.saved_baselines.add(ctx.key)
+    result.notes.append(f"baseline stored in {path}")
+
+
+def _run_tensor_parallel_bench(session: "OptSession", plan: "TestPlan", base: OptModel, opt: OptModel,
+                               workload: Workload, once: Any) -> OptResult:
+    """The optimized side runs in tp_size torchrun processes; the baseline in this one.
+
+    The two sides cannot take turns round by round, so each side's rounds run as one block: the
+    report says so in the test's notes.
+    """
+    from .parallel import TensorParallelUnavailable, run_tensor_parallel
+
+    base_timings = Timings()
+    for _ in range(workload.warmup):
+        base_timings.warmup_s.append(once(base).timing.total_s)
+    reference, base_memory = _reference_run(session, base, workload)
+    for _ in range(workload.rounds):
+        base_timings.rounds.append(once(base).timing)
+    request = plan.marked.model
+    attention = next((t.impl for t in opt.techniques if t.family == "attention" and hasattr(t, "impl")), "eager")
+    try:
+        tp = run_tensor_parallel(
+            plan.model_path, dtype=request.dtype, tp_size=opt.tensor_parallel_size or 2, prompts=workload.prompts,
+            max_new_tokens=workload.max_new_tokens, batch_size=workload.batch_size, rounds=workload.rounds,
+            warmup=workload.warmup, device_type=session.hardware.device_type, attn_implementation=attention,
+            revision=request.revision, trust_remote_code=request.trust_remote_code,
+            from_pretrained_kwargs=dict(request.from_pretrained_kwargs))
+    except TensorParallelUnavailable as exc:
+        pytest.skip(exc.reason)
+    problem = tp.problem()
+    if problem:
+        raise OptProofError(f"silent fallback: {problem}")
+    similarity = compare_runs(reference.tokens, tp.tokens, workload.max_new_tokens, reference.logprobs, tp.logprobs)
+    timings = tp.timings()
+    optimized = SideMetrics(
+        ttft_s=timings.ttft_s, tpot_s=timings.tpot_s, latency_s=timings.latency_s,
+        throughput_tok_s=timings.throughput_tok_s, peak_memory_bytes=tp.peak_memory_bytes,
+        load_time_s=tp.load_time_s, tokens_generated=timings.tokens, texts=list(tp.texts), rounds=len(timings.rounds),
+        warmup_s=list(timings.warmup_s), latency_samples_s=timings.latency_samples(), memory_method=tp.memory_method,
+    )
+    return OptResult(
+        baseline=_side(base, base_timings, _peak(base, base_memory), reference.texts, None, None, base_memory.method),
+        optimized=optimized, similarity=similarity, workload=workload, techniques=plan.declared,
+        baseline_techniques=base.labels,
+        model={"name_or_path": request.name_or_path, "revision": request.revision, "dtype": plan.probe_context.dtype},
+        notes=[f"tensor_parallel: {tp.world_size} torchrun ranks, {min(tp.sharded_params)} sharded parameters per "
+               f"rank; peak memory is the largest rank's; baseline and optimized rounds ran as two blocks, not "
+               f"interleaved"],
+    )
 
 
 def judge_budgets(session: "OptSession", plan: "TestPlan", result: OptResult) -> OptResult:

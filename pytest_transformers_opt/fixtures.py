@@ -65,8 +65,8 @@ def opt_baseline_model(request: pytest.FixtureRequest, opt_plan: TestPlan) -> Op
 
 
 @pytest.fixture
-def opt_bench(request: pytest.FixtureRequest, opt_plan: TestPlan, opt_baseline_model: OptModel,
-              opt_model: OptModel) -> Iterator[Callable[..., OptResult]]:
+def opt_bench(request: pytest.FixtureRequest, opt_plan: TestPlan, opt_model: OptModel
+              ) -> Iterator[Callable[..., OptResult]]:
     """``opt_bench(prompts=None, *, max_new_tokens=None, batch_size=None, rounds=None, warmup=None) -> OptResult``."""
     session = _session(request)
     record = session.record(request.node.nodeid)
@@ -75,8 +75,11 @@ def opt_bench(request: pytest.FixtureRequest, opt_plan: TestPlan, opt_baseline_m
               warmup: Any = None) -> OptResult:
         workload = _or_fail(lambda: build_workload(session, opt_model, prompts, max_new_tokens, batch_size, rounds,
                                                    warmup))
-        result = judge_budgets(session, opt_plan, run_bench(session, opt_plan, opt_baseline_model, opt_model,
-                                                            workload))
+        def baseline() -> OptModel:  # loaded only when no usable stored baseline replaces it
+            return _load(request, opt_plan, optimized=False)
+
+        measured = _or_fail(lambda: run_bench(session, opt_plan, baseline, opt_model, workload))
+        result = judge_budgets(session, opt_plan, measured)
         result.remeasure = None  # frees the closure over models and runs
         record.result = result
         enforce_budgets(session, opt_plan, result)

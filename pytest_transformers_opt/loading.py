@@ -164,6 +164,14 @@ class OptModel:
     def labels(self) -> list[str]:
         return [t.label() for t in self.techniques]
 
+    @property
+    def tensor_parallel_size(self) -> int | None:
+        """N when this configuration runs in N torchrun processes (its weights are not loaded here)."""
+        for technique in self.techniques:
+            if technique.name == "tensor_parallel":
+                return int(technique.params["tp_size"])
+        return None
+
     def generate(self, prompts: list[str] | str, max_new_tokens: int = 32, **generate_kwargs: Any) -> list[str]:
         """Greedy generation with this configuration's techniques; returns the generated texts."""
         from .generation import run_generation
@@ -245,6 +253,12 @@ def load_model(request: ModelRequest, path: str, load_techniques: list[Technique
     return LoadedModel(key=key, model=model, tokenizer=tokenizer, path=path, load_time_s=load_time,
                        load_peak_bytes=reading.peak_delta_bytes, resident_bytes=reading.resident_delta_bytes,
                        memory_method=reading.method, load_techniques=tuple(t.label() for t in load_techniques))
+
+
+def tokenizer_only(request: ModelRequest, path: str, key: tuple[Any, ...]) -> LoadedModel:
+    """For configurations whose weights live in other processes (tensor parallelism)."""
+    return LoadedModel(key=key, model=None, tokenizer=_load_tokenizer(path, request), path=path, load_time_s=0.0,
+                       load_peak_bytes=None, resident_bytes=None, memory_method="", load_techniques=())
 
 
 class ModelCache:

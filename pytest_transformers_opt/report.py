@@ -152,13 +152,17 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
     if errors:
         lines += ["", "failed or errored (not on budgets):"]
         lines += [f"  {t['nodeid'].split('::')[-1]}: {t['error'].splitlines()[-1][:200]}" for t in errors]
+    noted = [t for t in report["tests"] if t.get("notes")]
+    if noted:
+        lines += ["", "notes:"]
+        lines += [f"  {t['nodeid'].split('::')[-1]}: {note}" for t in noted for note in t["notes"]]
     if report.get("advice"):
         lines += ["", "next change to try (advisor):"] + [f"  {line}" for line in report["advice"]["summary"]]
     env = report["environment"]
     lines += ["", f"measured on {env.get('device')} ({env.get('gpu_name') or env.get('platform')}), torch "
                   f"{env.get('torch')}, transformers {env.get('transformers')}; all figures measured, medians of "
-                  f"{report['settings']['rounds']} interleaved rounds; peak memory is a delta over what was resident "
-                  f"before load"]
+                  f"{report['settings']['rounds']} interleaved rounds unless a note says otherwise; peak memory is a "
+                  f"delta over what was resident before load"]
     return lines
 
 

@@ -73,6 +73,7 @@ class OptResult:
     # measures more interleaved rounds and returns the updated result (confirm-on-failure)
     remeasure: Callable[[], "OptResult"] | None = field(default=None, repr=False, compare=False)
     confirmed: bool = False  # a speed budget failed once and was measured again
+    notes: list[str] = field(default_factory=list)  # how figures were obtained, where it differs
 
     @property
     def speedup(self) -> float | None:
@@ -107,4 +108,5 @@ class OptResult:
             "similarity": sim,
             "budgets": [c.to_dict() for c in self.budgets],
             "failed_budgets": self.failed_budgets,
+            "notes": list(self.notes),
         }

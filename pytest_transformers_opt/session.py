@@ -14,7 +14,8 @@ import pytest
 from .budgets import Budget, resolve_budgets, worst_quality
 from .errors import OptConfigError
 from .hardware import HardwareInfo, probe_hardware
-from .loading import ModelCache, ModelRequest, OptModel, load_model, read_model_config, resolve_model_path
+from .loading import (ModelCache, ModelRequest, OptModel, load_model, read_model_config, resolve_model_path,
+                      tokenizer_only)
 from .markers import MarkedTest, read_markers
 from .options import Settings
 from .techniques import (GenerationSettings, ProbeContext, Technique, TechniqueRegistry, build_registry,
@@ -88,6 +89,7 @@ class OptSession:
         self._models: ModelCache | None = None
         self.reference_runs: dict[tuple[Any, ...], Any] = {}
         self.reference_run_count = 0
+        self.saved_baselines: set[str] = set()  # keys written by --opt-update-baselines this session
         self.records: dict[str, TestRecord] = {}
         self.worker_entries: list[dict[str, Any]] = []  # report entries sent by xdist workers
         self.is_xdist_worker = hasattr(config, "workerinput")
@@ -170,8 +172,11 @@ class OptSession:
     def opt_model(self, plan: TestPlan, side: Configuration) -> OptModel:
         load_time = [t for t in side.techniques if t.load_time]
         key = (side.request.identity(), tuple(sorted(t.label() for t in load_time)), self.device)
-        loaded = self.models.get(key, lambda: load_model(side.request, plan.model_path, load_time,
-                                                         plan.probe_context, self.device, key))
+        if any(t.name == "tensor_parallel" for t in side.techniques):
+            loaded = tokenizer_only(side.request, plan.model_path, key)
+        else:
+            loaded = self.models.get(key, lambda: load_model(side.request, plan.model_path, load_time,
+                                                             plan.probe_context, self.device, key))
         generation = GenerationSettings()
         for technique in side.techniques:
             technique.configure_generation(generation, plan.probe_context)

@@ -531,8 +531,8 @@ class TensorParallel(Technique):
     name = "tensor_parallel"
     family = "parallelism"
     load_time = True
-    summary = "tensor parallelism through torch.distributed (the plugin launches torchrun)"
-    requirement = "N CUDA devices (tp_size=N) and a model with a tp_plan"
+    summary = "tensor parallelism through torch.distributed (the plugin launches torchrun; gloo on CPU)"
+    requirement = "N CUDA devices (tp_size=N) or, on CPU, torch.distributed with gloo; a model with a tp_plan"
     accepted_params = {"tp_size": "number of processes/devices, int >= 2"}
     docs = f"{DOCS}/perf_infer_gpu_multi"
 
@@ -544,16 +544,17 @@ class TensorParallel(Technique):
             raise OptConfigError(f"tensor_parallel: tp_size={size!r}; accepted: an int >= 2")
 
     def probe(self, ctx: ProbeContext) -> str | None:
-        size = self.params["tp_size"]
-        if not ctx.hardware.is_cuda:
-            return (f"tensor_parallel(tp_size={size}) needs {size} CUDA devices; found: {ctx.hardware.describe()} "
-                    f"(multi-process CPU runs under gloo are not available in this version)")
-        if ctx.hardware.device_count < size:
-            return f"tensor_parallel(tp_size={size}) needs {size} CUDA devices; found: {ctx.hardware.device_count}"
-        if ctx.model_config is not None and not getattr(ctx.model_config, "base_model_tp_plan", None):
-            return f"tensor_parallel needs a model with a tp_plan; found: {getattr(ctx.model_config, 'model_type', '?')} without one"
-        return ("tensor_parallel runs in torchrun worker processes, which this version of the plugin does not "
-                "launch yet; found: a single pytest process")
+        from ..parallel import tensor_parallel_probe
+
+        return tensor_parallel_probe(ctx.hardware.device_type, ctx.hardware.device_count, self.params["tp_size"],
+                                     ctx.model_config)
+
+    def conflicts_with(self, other: Technique) -> str | None:
+        if other.load_time and other.family != "attention":
+            return "the torchrun workers load the model with tensor parallelism only (no other load-time technique)"
+        if other.family in ("caching", "compilation", "continuous_batching"):
+            return "the torchrun workers run plain greedy generate() with the attention backend only"
+        return None
 
 
 class ContinuousBatching(Technique):
