@@ -30,7 +30,7 @@ def parse_dtype(value: Any, what: str = "dtype") -> Any:
     """A ``torch.dtype`` from a name (``"bfloat16"``, ``"bf16"``) or a dtype; ``"auto"`` stays a string."""
     import torch
 
-    if isinstance(value, torch.dtype):
+    if isinstance(value, torch.dtype) and dtype_name(value) in DTYPE_NAMES:
         return value
     if isinstance(value, str):
         name = _DTYPE_ALIASES.get(value.lower().removeprefix("torch."), value.lower().removeprefix("torch."))

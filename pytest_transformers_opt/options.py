@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +24,7 @@ DEFAULT_MODEL = "tiny-random-llama"
 
 def _device(value: str) -> str:
     value = value.strip()
-    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+    if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]+", value):
         return value
     raise OptConfigError(f"{value!r} is not a device; accepted: auto, cpu, cuda, cuda:N")
 
@@ -134,10 +135,11 @@ def add_options(parser: pytest.Parser) -> None:
         default = "" if option.is_flag else f" Default: {option.default!r}."
         if option.is_flag:
             group.addoption(option.flag, action="store_true", dest=option.dest, default=None,
-                            help=option.help + "." + env_ini)
+                            help=(option.help + "." + env_ini).replace("%", "%%"))
         else:
             group.addoption(option.flag, dest=option.dest, default=None, metavar=option.metavar,
-                            type=_argparse_type(option), help=option.help + "." + default + env_ini)
+                            type=_argparse_type(option),
+                            help=(option.help + "." + default + env_ini).replace("%", "%%"))
         if option.ini:
             parser.addini(option.ini, help=option.help, type="string", default=None)
     for name, budget in BUDGETS.items():

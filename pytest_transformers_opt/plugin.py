@@ -7,6 +7,7 @@ from typing import Any, Generator
 import pytest
 
 from . import hookspecs
+from .errors import OptConfigError
 from .fixtures import opt_baseline_model, opt_bench, opt_hardware, opt_model, opt_plan  # noqa: F401 (fixtures)
 from .markers import MARKERS, marker_help
 from .options import add_options, resolve_settings
@@ -27,7 +28,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
     if config.getoption("opt_techniques"):
-        return print_catalogue(config, resolve_settings(config))
+        try:
+            return print_catalogue(config, resolve_settings(config))
+        except OptConfigError as exc:
+            raise pytest.UsageError(str(exc)) from None
     return None
 
 

@@ -43,3 +43,8 @@ def mann_whitney_greater(x: list[float], y: list[float]) -> float:
     sd = math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12)
     z = (u - mean - 0.5) / sd if sd else 0.0
     return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def min_p_value(n1: int, n2: int) -> float:
+    """The smallest one-sided p-value samples of these sizes can reach: 1 / C(n1 + n2, n1)."""
+    return 1.0 / math.comb(n1 + n2, n1) if n1 and n2 else 1.0

@@ -29,6 +29,14 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _to_float(value: object) -> float:
+    """A float from an int or float; an int too large for a float becomes infinity (then rejected)."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        return math.inf
+
+
 def _finite_positive(number: float, what: str, forms: str, raw: object) -> float:
     if not math.isfinite(number) or number <= 0:
         raise OptConfigError(f"{what}: {raw!r} must be a positive, finite value; accepted: {forms}")
@@ -37,36 +45,47 @@ def _finite_positive(number: float, what: str, forms: str, raw: object) -> float
 
 def parse_size(value: object, what: str = "size") -> int:
     """Bytes from ``"6 GiB"``, ``"800 MB"`` or an int; decimal (GB) and binary (GiB) units."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise OptConfigError(f"{what}: {value!r} must be a positive, finite value; accepted: {SIZE_FORMS}")
+        return value
     if _is_number(value):
-        return int(_finite_positive(float(value), what, SIZE_FORMS, value))  # type: ignore[arg-type]
+        return _whole_bytes(_finite_positive(_to_float(value), what, SIZE_FORMS, value), 1, what, value)
     if isinstance(value, str):
         match = _NUMBER_WITH_UNIT.match(value)
         if match:
             unit = match.group(2).lower() or "b"
             if unit in _SIZE_UNITS:
                 number = _finite_positive(float(match.group(1)), what, SIZE_FORMS, value)
-                return int(number * _SIZE_UNITS[unit])
+                return _whole_bytes(number, _SIZE_UNITS[unit], what, value)
     raise OptConfigError(f"{what}: cannot read {value!r} as a memory size; accepted: {SIZE_FORMS}")
+
+
+def _whole_bytes(number: float, factor: int, what: str, raw: object) -> int:
+    size = number * factor
+    if not math.isfinite(size) or size < 1:
+        raise OptConfigError(f"{what}: {raw!r} must be at least 1 byte and finite; accepted: {SIZE_FORMS}")
+    return int(size)
 
 
 def parse_duration(value: object, what: str = "duration") -> float:
     """Seconds from ``"50 ms"``, ``"1.5 s"`` or a float of seconds."""
     if _is_number(value):
-        return _finite_positive(float(value), what, DURATION_FORMS, value)  # type: ignore[arg-type]
+        return _finite_positive(_to_float(value), what, DURATION_FORMS, value)
     if isinstance(value, str):
         match = _NUMBER_WITH_UNIT.match(value)
         if match:
             unit = match.group(2).lower() or "s"
             if unit in _TIME_UNITS:
                 number = _finite_positive(float(match.group(1)), what, DURATION_FORMS, value)
-                return number * _TIME_UNITS[unit]
+                return _finite_positive(number * _TIME_UNITS[unit], what, DURATION_FORMS, value)
     raise OptConfigError(f"{what}: cannot read {value!r} as a duration; accepted: {DURATION_FORMS}")
 
 
 def parse_throughput(value: object, what: str = "throughput") -> float:
     """Tokens per second from ``800`` or ``"800 tok/s"``."""
     if _is_number(value):
-        return _finite_positive(float(value), what, THROUGHPUT_FORMS, value)  # type: ignore[arg-type]
+        return _finite_positive(_to_float(value), what, THROUGHPUT_FORMS, value)
     if isinstance(value, str):
         match = _NUMBER_WITH_UNIT.match(value)
         if match and match.group(2).lower() in ("", "tok/s", "tokens/s", "t/s"):
@@ -81,8 +100,8 @@ def parse_fraction(value: object, what: str = "fraction") -> float:
             value = float(value)
         except ValueError:
             pass
-    if _is_number(value) and math.isfinite(float(value)) and 0.0 <= float(value) <= 1.0:  # type: ignore[arg-type]
-        return float(value)  # type: ignore[arg-type]
+    if _is_number(value) and math.isfinite(_to_float(value)) and 0.0 <= _to_float(value) <= 1.0:
+        return _to_float(value)
     raise OptConfigError(f"{what}: {value!r} must be a number from 0 to 1, e.g. 0.95")
 
 
@@ -93,8 +112,8 @@ def parse_positive_float(value: object, what: str = "value", *, allow_zero: bool
             value = float(value)
         except ValueError:
             pass
-    if _is_number(value) and math.isfinite(float(value)):  # type: ignore[arg-type]
-        number = float(value)  # type: ignore[arg-type]
+    if _is_number(value) and math.isfinite(_to_float(value)):
+        number = _to_float(value)
         if number > 0 or (allow_zero and number == 0):
             return number
     bound = ">= 0" if allow_zero else "> 0"
@@ -103,7 +122,7 @@ def parse_positive_float(value: object, what: str = "value", *, allow_zero: bool
 
 def parse_non_negative_int(value: object, what: str = "value", *, minimum: int = 0) -> int:
     """An int >= ``minimum`` from an int or a string of digits (not a bool, not a float)."""
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value.strip()):
         value = int(value.strip())
     if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
         return value

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -26,6 +27,28 @@ import bitsandbytes  # noqa: E402,F401
 import optimum.quanto  # noqa: E402,F401
 import hqq  # noqa: E402,F401
 import accelerate  # noqa: E402,F401
+
+from pytest_transformers_opt import tiny_models  # noqa: E402
+
+# Resolved now, before pytester points HOME at a temporary folder: inner runs use the real cache
+# of built-in models instead of training a fresh one each.
+_MODEL_CACHE = str(tiny_models.cache_root())
+
+
+@pytest.fixture(autouse=True)
+def _hermetic_inner_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Inner pytest runs use the real model cache, see no PYTEST_OPT_* variable from outside, and run
+    torch on one thread (the tiny models gain nothing from more; on 2 shared cores spinning threads
+    make each run several times slower)."""
+    monkeypatch.setenv(tiny_models.CACHE_ENV, _MODEL_CACHE)
+    for key in list(os.environ):
+        if key.startswith("PYTEST_OPT_"):
+            monkeypatch.delenv(key)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 # Few rounds keep the suite quick on 2 cores; the figures are still real measurements.
 FAST_ARGS = ("-p", "no:cacheprovider", "--opt-rounds=2", "--opt-warmup=1")

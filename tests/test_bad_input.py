@@ -11,57 +11,16 @@ each case is still its own test here, checking its own section of that run's out
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Iterator
 
-import _pytest.pytester
 import pytest
-import torch
 
-from pytest_transformers_opt import tiny_models
 from pytest_transformers_opt.techniques import build_registry
 
-# Resolved now, before pytester points HOME at a temporary folder: inner runs use the real cache
-# of built-in models instead of training a fresh one each.
-_MODEL_CACHE = str(tiny_models.cache_root())
 INNER = ("-p", "no:cacheprovider", "--opt-rounds=1", "--opt-warmup=0", "-v")
 
 
-@pytest.fixture(autouse=True)
-def _inner_sessions(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Make in-process inner runs hermetic and cheap.
-
-    The model cache is the real one; no PYTEST_OPT_* variable leaks in from outside; and the
-    libraries an inner run imports (torch, transformers ...) stay imported afterwards. pytester
-    drops every module imported during an inner run, and torch cannot be imported twice in one
-    process; only the inner run's own test modules and conftests (under the temporary folder)
-    are dropped. torch runs on one thread: the tiny model gains nothing from more, and on a
-    shared machine spinning threads make each inner run several times slower.
-    """
-    monkeypatch.setenv(tiny_models.CACHE_ENV, _MODEL_CACHE)
-    for key in list(os.environ):
-        if key.startswith("PYTEST_OPT_"):
-            monkeypatch.delenv(key)
-    base = str(tmp_path_factory.getbasetemp())
-
-    def from_inner_run(name: str) -> bool:
-        return str(getattr(sys.modules.get(name), "__file__", None) or "").startswith(base)
-
-    original = _pytest.pytester.SysModulesSnapshot
-
-    class KeepLibraries(original):  # type: ignore[misc, valid-type]
-        def __init__(self, preserve: Callable[[str], bool] | None = None) -> None:
-            super().__init__(preserve=lambda name: not from_inner_run(name) or bool(preserve and preserve(name)))
-
-    monkeypatch.setattr(_pytest.pytester, "SysModulesSnapshot", KeepLibraries)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _glob(text: str) -> str:

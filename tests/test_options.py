@@ -8,13 +8,8 @@ variable and the accepted forms; CLI beats environment beats ini; ``--opt-techni
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
-from pathlib import Path
-from typing import Callable, Iterator
 
-import _pytest.pytester
 import pytest
 import torch
 
@@ -28,37 +23,13 @@ USAGE_ERROR = pytest.ExitCode.USAGE_ERROR
 
 # A test that leaves a trace when it runs: a usage error must stop the session before it.
 SENTINEL = '''
-from pathlib import Path
+import pathlib
 
 def test_leaves_a_trace():
-    Path("ran.txt").write_text("ran")
+    pathlib.Path("ran.txt").write_text("ran")
 '''
 
 
-@pytest.fixture(autouse=True)
-def _inner_sessions(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Hermetic, cheap in-process inner runs: real model cache, no PYTEST_OPT_* from outside,
-    libraries kept imported between runs (torch cannot be imported twice), torch on one thread."""
-    monkeypatch.setenv(tiny_models.CACHE_ENV, _MODEL_CACHE)
-    for key in list(os.environ):
-        if key.startswith("PYTEST_OPT_"):
-            monkeypatch.delenv(key)
-    base = str(tmp_path_factory.getbasetemp())
-
-    def from_inner_run(name: str) -> bool:
-        return str(getattr(sys.modules.get(name), "__file__", None) or "").startswith(base)
-
-    original = _pytest.pytester.SysModulesSnapshot
-
-    class KeepLibraries(original):  # type: ignore[misc, valid-type]
-        def __init__(self, preserve: Callable[[str], bool] | None = None) -> None:
-            super().__init__(preserve=lambda name: not from_inner_run(name) or bool(preserve and preserve(name)))
-
-    monkeypatch.setattr(_pytest.pytester, "SysModulesSnapshot", KeepLibraries)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _no_internal_error(result: pytest.RunResult) -> None:

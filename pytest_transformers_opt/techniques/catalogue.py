@@ -380,7 +380,7 @@ class QuantizedCacheTechnique(CacheTechnique):
         if backend not in self.backends:
             raise OptConfigError(f"quantized_cache: backend {backend!r} is not supported; accepted: 'quanto', 'hqq'")
         allowed = (2, 4) if backend == "quanto" else tuple(range(1, 9))
-        if isinstance(nbits, bool) or nbits not in allowed:
+        if isinstance(nbits, bool) or not isinstance(nbits, int) or nbits not in allowed:
             raise OptConfigError(f"quantized_cache: nbits={nbits!r} is not accepted for backend {backend!r}; accepted: {allowed}")
 
     def probe(self, ctx: ProbeContext) -> str | None:

@@ -1,0 +1,391 @@
+#!/usr/bin/env python3
+"""Device check: every GPU technique of the catalogue, through the plugin, on a Qwen3-0.6B-shaped model.
+
+On a machine with an NVIDIA GPU this
+
+1. builds (once) a model of Qwen3-0.6B's exact shape with random weights, offline, saved in bf16
+   safetensors with ``save_pretrained``, plus a small byte-level BPE tokenizer trained offline (the
+   plugin's own trainer; its 512 tokens are a subset of the model's 151,936 ids);
+2. writes a temporary test file with one test per GPU technique, marked
+   ``opt_model(<folder>, dtype="bfloat16")``, each running ``opt_bench(max_new_tokens=32)``;
+3. runs ``pytest`` on it in a subprocess with ``--opt-report-json`` (budgets reported, not gating:
+   ``--opt-budgets=warn``), stopping it (with the report of what finished) at ``--timeout``;
+4. prints a short table: technique, outcome or skip reason, TTFT, TPOT, peak memory, speedup,
+   KL / top-1.
+
+It exits 0 when the pytest run completed (whatever each technique's outcome), 1 otherwise.
+``--cpu`` runs the same on CPU with a tiny Qwen3 (hidden 64, 2 layers, fp32, 8 new tokens): a smoke
+test of the script itself, where the CUDA-only techniques are skipped with their reasons.
+
+Usage (from the repository root):
+    python scripts/device_check.py                     # GPU; files in $OUT or ./device-check-out
+    python scripts/device_check.py --cpu --out /tmp/dc # smoke test on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run from a checkout without installing the package
+    sys.path.insert(0, str(REPO))
+
+MODEL_MARKER = "device_check_model.json"
+MODEL_VERSION = 1
+
+# Qwen/Qwen3-0.6B's config.json (the shape; the weights here are random).
+QWEN3_06B = dict(
+    hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+    intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=40960,
+    rope_theta=1_000_000.0, rms_norm_eps=1e-6, hidden_act="silu", attention_bias=False, attention_dropout=0.0,
+    use_sliding_window=False, max_window_layers=28, initializer_range=0.02,
+)
+# The --cpu smoke test: same architecture, tiny.
+QWEN3_TINY = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    intermediate_size=128, vocab_size=512, tie_word_embeddings=True, max_position_embeddings=1024,
+    rope_theta=1_000_000.0, rms_norm_eps=1e-6, hidden_act="silu", attention_bias=False, attention_dropout=0.0,
+    use_sliding_window=False, max_window_layers=2, initializer_range=0.02,
+)
+# Special ids of the offline tokenizer (<unk>=0, <s>=1, </s>=2, <pad>=3), so generation and padding agree.
+SPECIAL_IDS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=3)
+
+# (test name, the marker's technique expression): one test per GPU technique, cheap ones first,
+# compile last (its compile time is the biggest unknown against the time limit).
+TECHNIQUES: list[tuple[str, str]] = [
+    ("sdpa", '"sdpa"'),
+    ("flash_attention_2", '"flash_attention_2"'),
+    ("flash_attention_3", '"flash_attention_3"'),
+    ("kernels_community_flash_attn2", '"kernels-community/flash-attn2"'),
+    ("static_cache", '"static_cache"'),
+    ("offloaded_cache", '"offloaded_cache"'),
+    ("offloaded_static_cache", '"offloaded_static_cache"'),
+    ("quantized_cache_quanto_4", 'techniques.quantized_cache(backend="quanto", nbits=4)'),
+    ("bnb_8bit", '"bnb_8bit"'),
+    ("bnb_4bit", '"bnb_4bit"'),
+    ("continuous_batching", '"continuous_batching"'),
+    ("tensor_parallel_2", "techniques.tensor_parallel(tp_size=2)"),
+    ("compile", '"compile"'),
+]
+LABELS = {
+    "kernels_community_flash_attn2": "kernels-community/flash-attn2",
+    "quantized_cache_quanto_4": "quantized_cache(quanto, 4)",
+    "tensor_parallel_2": "tensor_parallel(tp_size=2)",
+}
+
+
+def log(message: str) -> None:
+    print(f"[device-check {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# -- the model ----------------------------------------------------------------------------------------
+def model_fingerprint(shape: dict[str, Any], dtype: str) -> str:
+    blob = json.dumps({"v": MODEL_VERSION, "shape": shape, "dtype": dtype, **SPECIAL_IDS}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def ensure_model(folder: Path, shape: dict[str, Any], dtype: str, build_device: str) -> Path:
+    """Build the random-weight model and its tokenizer into ``folder`` unless it is already there."""
+    fingerprint = model_fingerprint(shape, dtype)
+    marker = folder / MODEL_MARKER
+    if marker.is_file():
+        try:
+            if json.loads(marker.read_text()).get("fingerprint") == fingerprint:
+                log(f"model: reusing {folder}")
+                return folder
+        except (OSError, ValueError):
+            pass
+        log(f"model: {folder} holds another shape; rebuilding")
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from pytest_transformers_opt.tiny_models import _train_tokenizer, synthetic_corpus
+
+    started = time.perf_counter()
+    tokenizer = _train_tokenizer(synthetic_corpus(), 512)
+    config = Qwen3Config(**shape, **SPECIAL_IDS)
+    torch_dtype = getattr(torch, dtype)
+    torch.manual_seed(0)
+    with torch.device(build_device):  # random init on the GPU when there is one: seconds, not minutes
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    params = sum(p.numel() for p in model.parameters())
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        (staging / MODEL_MARKER).write_text(json.dumps({
+            "fingerprint": fingerprint, "shape_of": "Qwen/Qwen3-0.6B" if shape is QWEN3_06B else "tiny Qwen3",
+            "parameters": params, "dtype": dtype, "weights": "random (seed 0)"}, indent=2))
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    del model
+    if build_device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    log(f"model: built {params / 1e6:.0f}M parameters ({dtype}) into {folder} in {time.perf_counter() - started:.1f} s")
+    return folder
+
+
+# -- the test file ------------------------------------------------------------------------------------
+def test_source(model_dir: Path, dtype: str, max_new_tokens: int) -> str:
+    lines = [
+        '"""Written by scripts/device_check.py: one test per GPU technique; budgets are reported, not gating."""',
+        "import pytest",
+        "from pytest_transformers_opt import techniques",
+        "",
+        f"pytestmark = pytest.mark.opt_model({str(model_dir)!r}, dtype={dtype!r})",
+        f"MAX_NEW_TOKENS = {max_new_tokens}",
+    ]
+    for name, expression in TECHNIQUES:
+        lines += ["", "", f"@pytest.mark.optimization({expression})", f"def test_{name}(opt_bench):",
+                  "    result = opt_bench(max_new_tokens=MAX_NEW_TOKENS)",
+                  "    assert result.optimized.tokens_generated > 0"]
+    return "\n".join(lines) + "\n"
+
+
+def plugin_installed() -> bool:
+    try:
+        entry_points = importlib.metadata.entry_points(group="pytest11")
+    except TypeError:  # Python < 3.10 API
+        entry_points = importlib.metadata.entry_points().get("pytest11", [])  # type: ignore[attr-defined]
+    return any(ep.value.startswith("pytest_transformers_opt") for ep in entry_points)
+
+
+# -- running pytest -----------------------------------------------------------------------------------
+def run_pytest(test_file: Path, report: Path, log_path: Path, device: str, rounds: int, warmup: int,
+               timeout: float) -> tuple[int | None, bool, float]:
+    """Run pytest; on timeout interrupt it (SIGINT: it still writes the report of what finished).
+
+    Returns (exit code or None, timed out, seconds).
+    """
+    command = [sys.executable, "-m", "pytest", str(test_file), "-v", "-p", "no:cacheprovider",
+               "--opt-report", f"--opt-report-json={report}", f"--opt-rounds={rounds}", f"--opt-warmup={warmup}",
+               f"--opt-device={device}", "--opt-budgets=warn", "-W", "ignore::DeprecationWarning"]
+    env = dict(os.environ)
+    env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    if not plugin_installed():  # a bare checkout (the device machine): load the plugin from the repository
+        command[4:4] = ["-p", "pytest_transformers_opt.plugin"]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    log("running: " + " ".join(command))
+    started = time.perf_counter()
+    timed_out = False
+    with open(log_path, "w", encoding="utf-8") as out:
+        process = subprocess.Popen(command, cwd=test_file.parent, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+                                   start_new_session=True)
+
+        def copy_output() -> None:
+            assert process.stdout is not None
+            for line in process.stdout:
+                out.write(line)
+                out.flush()
+                if "::test_" in line and any(w in line for w in ("PASSED", "FAILED", "SKIPPED", "ERROR")):
+                    log(line.split("::", 1)[1].strip()[:160])  # progress: one line per finished test
+
+        reader = threading.Thread(target=copy_output, daemon=True)
+        reader.start()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            log(f"time limit {timeout:.0f} s reached: interrupting pytest (it writes the report of what finished)")
+            os.killpg(process.pid, signal.SIGINT)
+            try:
+                process.wait(timeout=45)
+            except subprocess.TimeoutExpired:
+                log("pytest did not stop after the interrupt: killing it")
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        reader.join(timeout=10)
+    return process.returncode, timed_out, time.perf_counter() - started
+
+
+# -- the table ----------------------------------------------------------------------------------------
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.1f}"
+
+
+def _bytes(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= factor:
+            return f"{value / factor:.2f} {unit}"
+    return f"{int(value)} B"
+
+
+def _pair(opt: Any, base: Any, fmt: Any) -> str:
+    return "-" if opt is None and base is None else f"{fmt(opt)} / {fmt(base)}"
+
+
+def _short(text: str, width: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def table(report: dict[str, Any] | None, width: int = 72) -> tuple[list[list[str]], list[str]]:
+    """Rows (header first) in the order of TECHNIQUES, and the notes (full skip reasons, errors)."""
+    entries = {}
+    for entry in (report or {}).get("tests", []):
+        entries[entry["nodeid"].rsplit("::test_", 1)[-1]] = entry
+    rows = [["technique", "outcome / skip reason", "TTFT ms opt/base", "TPOT ms opt/base", "peak memory opt/base",
+             "speedup", "KL / top-1"]]
+    notes: list[str] = []
+    for name, _ in TECHNIQUES:
+        label = LABELS.get(name, name)
+        entry = entries.get(name)
+        if entry is None:
+            rows.append([label, "not run (time limit or crash)", "-", "-", "-", "-", "-"])
+            continue
+        base, opt = entry.get("baseline") or {}, entry.get("optimized") or {}
+        sim = entry.get("similarity") or {}
+        outcome = entry["outcome"]
+        if outcome == "skipped":
+            outcome_text = f"skipped: {entry.get('skip_reason')}"
+        elif outcome in ("failed", "error") and entry.get("error"):
+            outcome_text = f"{outcome}: {entry['error'].strip().splitlines()[-1]}"
+        else:
+            outcome_text = outcome
+        if entry.get("failed_budgets"):
+            outcome_text += f" (budgets: {', '.join(entry['failed_budgets'])})"
+        if len(" ".join(outcome_text.split())) > width:
+            notes.append(f"{label}: {' '.join(outcome_text.split())[:1000]}")
+        kl, top1 = sim.get("kl_mean"), sim.get("top1")
+        similarity = "-" if kl is None and top1 is None else \
+            f"{'-' if kl is None else f'{kl:.2e}'} / {'-' if top1 is None else f'{top1:.2f}'}"
+        speedup = entry.get("speedup")
+        rows.append([label, _short(outcome_text, width), _pair(opt.get("ttft_s"), base.get("ttft_s"), _ms),
+                     _pair(opt.get("tpot_s"), base.get("tpot_s"), _ms),
+                     _pair(opt.get("peak_memory_bytes"), base.get("peak_memory_bytes"), _bytes),
+                     "-" if speedup is None else f"{speedup:.2f}x", similarity])
+    return rows, notes
+
+
+def render(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        lines.append(" | ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        if n == 0:
+            lines.append("-+-".join("-" * w for w in widths))
+    return lines
+
+
+def markdown(rows: list[list[str]], notes: list[str], heading: str) -> str:
+    escape = lambda cell: cell.replace("|", "\\|")  # noqa: E731
+    out = [f"# {heading}", "", "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    out += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows[1:]]
+    if notes:
+        out += ["", "Notes:", ""] + [f"- {escape(n)}" for n in notes]
+    return "\n".join(out) + "\n"
+
+
+def environment_line(report: dict[str, Any] | None) -> str:
+    env = (report or {}).get("environment") or {}
+    versions = env.get("versions") or {}
+    extras = ", ".join(f"{k} {v}" for k, v in versions.items()
+                       if v and k in ("bitsandbytes", "kernels", "optimum-quanto", "flash-attn", "flash_attn_3"))
+    gpu = f"{env.get('gpu_name')} (cc {env.get('compute_capability')}, {_bytes(env.get('gpu_memory_bytes'))}, " \
+          f"{env.get('device_count')} visible)" if env.get("gpu_name") else env.get("platform")
+    return (f"{env.get('device')} {gpu}; torch {env.get('torch')}, transformers {env.get('transformers')}, "
+            f"CUDA {env.get('cuda')}, driver {env.get('driver')}" + (f"; {extras}" if extras else ""))
+
+
+# -- main ---------------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for device-report.json, device-check.log, device-check.md "
+                             "(default: $OUT, else ./device-check-out)")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="where the random-weight model is built and reused (default: /tmp/qwen3-0.6b-random; "
+                             "with --cpu /tmp/qwen3-tiny-random-cpu)")
+    parser.add_argument("--timeout", type=float, default=450.0,
+                        help="seconds for the pytest run; then it is interrupted and what finished is reported "
+                             "(default: 450)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="smoke test on CPU: a tiny Qwen3 (hidden 64, 2 layers, vocab 512), float32, "
+                             "--opt-device=cpu, 8 new tokens")
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds per side (default: 5)")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up rounds per side (default: 2)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    out = (args.out or Path(os.environ.get("OUT") or "device-check-out")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.cpu:
+        shape, dtype, device, build_device, new_tokens = QWEN3_TINY, "float32", "cpu", "cpu", 8
+        model_dir = args.model_dir or Path("/tmp/qwen3-tiny-random-cpu")
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            log(f"no CUDA GPU visible to torch {torch.__version__} (CUDA build: {torch.version.cuda}); "
+                f"use --cpu for the smoke test on CPU")
+            return 1
+        shape, dtype, device, build_device, new_tokens = QWEN3_06B, "bfloat16", "cuda", "cuda", 32
+        model_dir = args.model_dir or Path("/tmp/qwen3-0.6b-random")
+    model_dir = ensure_model(model_dir.resolve(), shape, dtype, build_device)
+
+    workdir = Path(tempfile.mkdtemp(prefix="device-check-"))
+    try:
+        (workdir / "pytest.ini").write_text("[pytest]\n")  # this folder is the rootdir: no outside ini applies
+        test_file = workdir / "test_device_check.py"
+        test_file.write_text(test_source(model_dir, dtype, new_tokens))
+        report_path = out / "device-report.json"
+        report_path.unlink(missing_ok=True)
+        code, timed_out, seconds = run_pytest(test_file, report_path, out / "device-check.log", device,
+                                              args.rounds, args.warmup, args.timeout)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    report = None
+    if report_path.is_file():
+        try:
+            report = json.loads(report_path.read_text())
+        except ValueError as exc:
+            log(f"the JSON report is unreadable: {exc}")
+    rows, notes = table(report)
+    heading = (f"device check ({'cpu smoke test, tiny Qwen3' if args.cpu else 'Qwen3-0.6B shape, random weights'}, "
+               f"{dtype}, {new_tokens} new tokens, {args.rounds} rounds)")
+    lines = ["", heading, environment_line(report), ""] + render(rows)
+    if notes:
+        lines += ["", "notes:"] + [textwrap.fill(n, 150, initial_indent="  ", subsequent_indent="    ") for n in notes]
+    summary = (report or {}).get("summary") or {}
+    status = "completed" if code in (0, 1) and not timed_out and report is not None else \
+        ("timed out" if timed_out else f"did not complete (pytest exit code {code})")
+    lines += ["", f"pytest {status} in {seconds:.0f} s (script {time.perf_counter() - started:.0f} s): "
+                  + ", ".join(f"{v} {k}" for k, v in summary.items()) if summary else f"pytest {status}",
+              f"files: {report_path if report else '(no JSON report)'}, {out / 'device-check.log'}, "
+              f"{out / 'device-check.md'}"]
+    print("\n".join(lines), flush=True)
+    (out / "device-check.md").write_text(markdown(rows, notes, heading))
+    if report is None:
+        tail = (out / "device-check.log").read_text(errors="replace").splitlines()[-40:]
+        print("\nlast lines of the pytest log:\n" + "\n".join(tail), flush=True)
+    return 0 if status == "completed" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
