@@ -282,11 +282,22 @@ class ModelCache:
         return loaded
 
     def evict(self, key: tuple[Any, ...]) -> None:
+        """Free a model: its weights, its compiled forward and the graphs dynamo cached for it."""
         loaded = self._models.pop(key, None)
-        if loaded is not None:
-            loaded.model = None
-            del loaded
-            release_memory(self.device)
+        if loaded is None:
+            return
+        compiled = loaded.model is not None and hasattr(loaded.model, "_compiled_call")
+        if compiled:
+            for attribute in ("_compiled_call", "_last_compile_config", "_opt_compile_counter"):
+                if hasattr(loaded.model, attribute):
+                    delattr(loaded.model, attribute)
+        loaded.model = None
+        del loaded
+        if compiled:
+            import torch
+
+            torch._dynamo.reset()  # compiled graphs hold references to the old weights
+        release_memory(self.device)
 
     def clear(self) -> None:
         for key in list(self._models):

@@ -72,6 +72,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     return report
 
 
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    opt_session = config.stash.get(SESSION_KEY, None)
+    if opt_session is not None:
+        opt_session.count_model_uses(items)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    session = item.config.stash.get(SESSION_KEY, None)
+    if session is not None:
+        session.finished_with(item)
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:

@@ -96,6 +96,8 @@ class OptSession:
         self.regressions: dict[str, dict[str, Any]] = {}  # --opt-compare verdicts by nodeid
         self.compare_lines: list[str] = []
         self._configs: dict[str, Any] = {}
+        self._item_model: dict[str, tuple[Any, ...]] = {}
+        self._remaining_uses: dict[tuple[Any, ...], int] = {}
 
     # -- lazily built pieces ------------------------------------------------------------------------
     @property
@@ -196,6 +198,35 @@ class OptSession:
                 reason = str(exc)
             rows.append((technique_class.name, technique_class.summary, reason))
         return rows
+
+    # -- model lifetimes --------------------------------------------------------------------------
+    def count_model_uses(self, items: list[pytest.Item]) -> None:
+        """How many collected tests use each model, so its memory goes with its last test."""
+        from collections import Counter
+
+        uses: Counter[tuple[Any, ...]] = Counter()
+        for item in items:
+            if not {"opt_bench", "opt_model", "opt_baseline_model"} & set(getattr(item, "fixturenames", ())):
+                continue
+            try:
+                marked = read_markers(item, self.settings.model, "default", self.settings.baseline)
+            except OptConfigError:
+                continue  # reported at that test's setup
+            uses[marked.model.identity()] += 1
+            self._item_model[item.nodeid] = marked.model.identity()
+        self._remaining_uses = uses
+
+    def finished_with(self, item: pytest.Item) -> None:
+        """After a test's teardown: free the models no remaining test of this process needs."""
+        identity = self._item_model.pop(item.nodeid, None)
+        if identity is None or self._models is None:
+            return
+        self._remaining_uses[identity] -= 1
+        if self._remaining_uses[identity] <= 0:
+            for key in self._models.keys():
+                if key[0] == identity:
+                    self._models.evict(key)
+            self.reference_runs = {k: v for k, v in self.reference_runs.items() if k[0][0] != identity}
 
     # -- outcomes -----------------------------------------------------------------------------------
     def note_report(self, item: pytest.Item, report: pytest.TestReport) -> None:

@@ -45,6 +45,9 @@ if str(REPO) not in sys.path:  # run from a checkout without installing the pack
     sys.path.insert(0, str(REPO))
 
 MODEL_MARKER = "device_check_model.json"
+PYTEST_TIMEOUT_S = 450.0  # the default limit of the pytest run
+SCRIPT_LIMIT_S = 470.0  # the whole script, model build included, stays under 8 minutes
+INTERRUPT_GRACE_S = 20.0  # after the interrupt at the limit, for pytest to write the report
 MODEL_VERSION = 1
 
 # Qwen/Qwen3-0.6B's config.json (the shape; the weights here are random).
@@ -208,7 +211,7 @@ def run_pytest(test_file: Path, report: Path, log_path: Path, device: str, round
             log(f"time limit {timeout:.0f} s reached: interrupting pytest (it writes the report of what finished)")
             os.killpg(process.pid, signal.SIGINT)
             try:
-                process.wait(timeout=45)
+                process.wait(timeout=INTERRUPT_GRACE_S)
             except subprocess.TimeoutExpired:
                 log("pytest did not stop after the interrupt: killing it")
                 os.killpg(process.pid, signal.SIGKILL)
@@ -240,7 +243,7 @@ def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def table(report: dict[str, Any] | None, width: int = 72) -> tuple[list[list[str]], list[str]]:
+def table(report: dict[str, Any] | None, width: int = 72, interrupted: bool = False) -> tuple[list[list[str]], list[str]]:
     """Rows (header first) in the order of TECHNIQUES, and the notes (full skip reasons, errors)."""
     entries = {}
     for entry in (report or {}).get("tests", []):
@@ -261,6 +264,8 @@ def table(report: dict[str, Any] | None, width: int = 72) -> tuple[list[list[str
             outcome_text = f"skipped: {entry.get('skip_reason')}"
         elif outcome in ("failed", "error") and entry.get("error"):
             outcome_text = f"{outcome}: {entry['error'].strip().splitlines()[-1]}"
+        elif interrupted and outcome == "passed" and not opt:
+            outcome_text = "interrupted at the time limit"  # the plugin had not recorded a result yet
         else:
             outcome_text = outcome
         if entry.get("failed_budgets"):
@@ -318,35 +323,62 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model-dir", type=Path, default=None,
                         help="where the random-weight model is built and reused (default: /tmp/qwen3-0.6b-random; "
                              "with --cpu /tmp/qwen3-tiny-random-cpu)")
-    parser.add_argument("--timeout", type=float, default=450.0,
+    parser.add_argument("--timeout", type=float, default=None,
                         help="seconds for the pytest run; then it is interrupted and what finished is reported "
-                             "(default: 450)")
+                             f"(default: 450, less when building the model took long, so that the whole script "
+                             f"ends within {SCRIPT_LIMIT_S:.0f} s)")
     parser.add_argument("--cpu", action="store_true",
                         help="smoke test on CPU: a tiny Qwen3 (hidden 64, 2 layers, vocab 512), float32, "
                              "--opt-device=cpu, 8 new tokens")
-    parser.add_argument("--rounds", type=int, default=5, help="measured rounds per side (default: 5)")
-    parser.add_argument("--warmup", type=int, default=2, help="warm-up rounds per side (default: 2)")
-    return parser.parse_args(argv)
+    parser.add_argument("--rounds", type=int, default=None, help="measured rounds per side (default: 5; --cpu: 2)")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up rounds per side (default: 2; --cpu: 1)")
+    parser.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)  # the child that builds
+    args = parser.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 2 if args.cpu else 5
+    if args.warmup is None:
+        args.warmup = 1 if args.cpu else 2
+    return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    started = time.perf_counter()
-    out = (args.out or Path(os.environ.get("OUT") or "device-check-out")).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+def settings(args: argparse.Namespace) -> tuple[dict[str, Any], str, str, int, Path]:
+    """(shape, dtype, device, new tokens, model folder) of this mode."""
     if args.cpu:
-        shape, dtype, device, build_device, new_tokens = QWEN3_TINY, "float32", "cpu", "cpu", 8
-        model_dir = args.model_dir or Path("/tmp/qwen3-tiny-random-cpu")
-    else:
+        return QWEN3_TINY, "float32", "cpu", 8, (args.model_dir or Path("/tmp/qwen3-tiny-random-cpu")).resolve()
+    return QWEN3_06B, "bfloat16", "cuda", 32, (args.model_dir or Path("/tmp/qwen3-0.6b-random")).resolve()
+
+
+def build_in_child(args: argparse.Namespace) -> int:
+    """``--build-only``: check the device and build the model; run as a child process, so that the
+    parent never holds a CUDA context of its own while pytest measures device memory."""
+    shape, dtype, device, _, model_dir = settings(args)
+    if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             log(f"no CUDA GPU visible to torch {torch.__version__} (CUDA build: {torch.version.cuda}); "
                 f"use --cpu for the smoke test on CPU")
-            return 1
-        shape, dtype, device, build_device, new_tokens = QWEN3_06B, "bfloat16", "cuda", "cuda", 32
-        model_dir = args.model_dir or Path("/tmp/qwen3-0.6b-random")
-    model_dir = ensure_model(model_dir.resolve(), shape, dtype, build_device)
+            return 3
+    ensure_model(model_dir, shape, dtype, device)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.build_only:
+        return build_in_child(args)
+    started = time.perf_counter()
+    out = (args.out or Path(os.environ.get("OUT") or "device-check-out")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    shape, dtype, device, new_tokens, model_dir = settings(args)
+    build = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--build-only",
+                            "--model-dir", str(model_dir)] + (["--cpu"] if args.cpu else []), check=False)
+    if build.returncode != 0:
+        log(f"building the model failed (exit code {build.returncode}); nothing was measured")
+        return 1
+    timeout = args.timeout
+    if timeout is None:  # the whole script within SCRIPT_LIMIT_S, the interrupt's grace included
+        timeout = max(60.0, min(PYTEST_TIMEOUT_S, SCRIPT_LIMIT_S - INTERRUPT_GRACE_S - (time.perf_counter() - started)))
 
     workdir = Path(tempfile.mkdtemp(prefix="device-check-"))
     try:
@@ -356,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         report_path = out / "device-report.json"
         report_path.unlink(missing_ok=True)
         code, timed_out, seconds = run_pytest(test_file, report_path, out / "device-check.log", device,
-                                              args.rounds, args.warmup, args.timeout)
+                                              args.rounds, args.warmup, timeout)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -366,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             report = json.loads(report_path.read_text())
         except ValueError as exc:
             log(f"the JSON report is unreadable: {exc}")
-    rows, notes = table(report)
+    rows, notes = table(report, interrupted=timed_out)
     heading = (f"device check ({'cpu smoke test, tiny Qwen3' if args.cpu else 'Qwen3-0.6B shape, random weights'}, "
                f"{dtype}, {new_tokens} new tokens, {args.rounds} rounds)")
     lines = ["", heading, environment_line(report), ""] + render(rows)

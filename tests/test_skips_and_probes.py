@@ -36,10 +36,6 @@ def test_offloaded(opt_bench):
 def test_offloaded_static(opt_bench):
     opt_bench()
 
-@pytest.mark.optimization(techniques.tensor_parallel(tp_size=2))
-def test_tp(opt_bench):
-    opt_bench()
-
 @pytest.mark.optimization("sliding_window_cache")
 def test_sliding_window_on_llama(opt_bench):
     opt_bench()
@@ -48,7 +44,7 @@ def test_sliding_window_on_llama(opt_bench):
 
 def test_gpu_techniques_skip_on_cpu_with_their_reason(run_user):
     run = run_user(GPU_TESTS, "-rs", "--opt-device=cpu")
-    run.result.assert_outcomes(skipped=8)
+    run.result.assert_outcomes(skipped=7)
     reasons = {t["nodeid"].split("::")[-1]: t["skip_reason"] for t in run.report["tests"]}
     assert reasons["test_fa2"] == "flash_attention_2 needs a CUDA GPU of compute capability >= 8.0; found: cpu"
     assert reasons["test_fa3"] == "flash_attention_3 needs a CUDA GPU of compute capability >= 9.0; found: cpu"
@@ -57,7 +53,6 @@ def test_gpu_techniques_skip_on_cpu_with_their_reason(run_user):
     assert reasons["test_kernels"].startswith("kernels needs the kernels package") or "CUDA" in reasons["test_kernels"]
     assert "needs a CUDA GPU to offload the cache from; found: cpu" in reasons["test_offloaded"]
     assert "needs a CUDA GPU to offload" in reasons["test_offloaded_static"]
-    assert reasons["test_tp"].startswith("tensor_parallel(tp_size=2) needs 2 CUDA devices; found: cpu")
     assert "config.sliding_window" in reasons["test_sliding_window_on_llama"]
     run.result.stdout.fnmatch_lines(["*SKIPPED*flash_attention_2 needs a CUDA GPU*"])
     # skipped before any model was loaded: nothing was measured
@@ -66,7 +61,7 @@ def test_gpu_techniques_skip_on_cpu_with_their_reason(run_user):
 
 def test_strict_mode_turns_a_skip_into_a_failure(run_user):
     run = run_user(GPU_TESTS, "--opt-require=flash_attention_2,offloaded_cache")
-    run.result.assert_outcomes(skipped=6, errors=2)
+    run.result.assert_outcomes(skipped=5, errors=2)
     run.result.stdout.fnmatch_lines([
         "*required technique flash_attention_2 cannot run here (--opt-require): flash_attention_2 needs a CUDA GPU*",
     ])
@@ -74,7 +69,7 @@ def test_strict_mode_turns_a_skip_into_a_failure(run_user):
 
 def test_strict_mode_all(run_user):
     run = run_user(GPU_TESTS, "--opt-require=all")
-    run.result.assert_outcomes(errors=8)
+    run.result.assert_outcomes(errors=7)
 
 
 def _ctx(**hardware: object) -> ProbeContext:
@@ -141,3 +136,20 @@ def test_missing_packages_are_named(monkeypatch, name):
     monkeypatch.setattr(catalogue, "module_available", lambda module: False)
     reason = _probe(name, _ctx())
     assert reason is not None and "package; found: not installed" in reason
+
+
+def test_tensor_parallel_runs_on_cpu_with_two_gloo_processes(run_user):
+    run = run_user('''
+import pytest
+from pytest_transformers_opt import techniques
+
+@pytest.mark.optimization(techniques.tensor_parallel(tp_size=2))
+def test_tp(opt_bench):
+    result = opt_bench(max_new_tokens=6)
+    assert result.optimized.tokens_generated == 3 * 6
+''')
+    run.result.assert_outcomes(passed=1)
+    entry = run.test("test_tp")
+    assert entry["similarity"]["token_match"] == 1.0
+    assert any("2 torchrun ranks" in note and "not interleaved" in note for note in entry["notes"])
+    assert entry["optimized"]["peak_memory_bytes"] > 0

@@ -1,0 +1,66 @@
+"""Resource hygiene: a model's memory is released once no remaining test needs it."""
+
+from __future__ import annotations
+
+import json
+
+RSS_CONFTEST = '''
+import json
+import pytest
+from pytest_transformers_opt.loading import prime_loader
+from pytest_transformers_opt.measure import current_rss_bytes, release_memory
+from pytest_transformers_opt.session import SESSION_KEY
+
+readings = {}
+configs = []
+
+def pytest_sessionstart(session):
+    configs.append(session.config)
+    prime_loader("cpu")
+    release_memory("cpu")
+    readings["start"] = current_rss_bytes()
+
+def pytest_runtest_logfinish(nodeid, location):  # after the test's teardown, the plugin's included
+    opt = configs[0].stash[SESSION_KEY]
+    release_memory("cpu")
+    readings.setdefault("cached_after", []).append(len(opt.models.keys()))
+    readings.setdefault("rss_after", []).append(current_rss_bytes())
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    release_memory("cpu")
+    readings["end"] = current_rss_bytes()
+    with open("rss.json", "w") as handle:
+        json.dump(readings, handle)
+'''
+
+SESSION_OF_SEVERAL_MODELS = '''
+import pytest
+
+@pytest.mark.opt_model("small-random-llama-100m")
+@pytest.mark.optimization("sdpa", min_token_match=0.0, max_kl=100.0)
+def test_big_model(opt_bench):
+    opt_bench(prompts=["The cat sees"], max_new_tokens=2, rounds=1, warmup=0)
+
+@pytest.mark.optimization("compile")
+def test_compiled_tiny(opt_bench):
+    opt_bench(max_new_tokens=4, rounds=1)
+
+@pytest.mark.opt_model("tiny-random-qwen3")
+@pytest.mark.optimization("sdpa")
+def test_other_tiny(opt_bench):
+    opt_bench(max_new_tokens=4, rounds=1)
+'''
+
+
+def test_memory_is_released_after_the_last_test_of_a_model(run_user, pytester):
+    run = run_user(SESSION_OF_SEVERAL_MODELS, conftest=RSS_CONFTEST)
+    run.result.assert_outcomes(passed=3)
+    readings = json.loads((pytester.path / "rss.json").read_text())
+    mib = 2**20
+    # the 100M model (eager baseline + sdpa: two ~400 MiB copies) is gone after its last test
+    assert readings["cached_after"][0] == 0
+    assert readings["rss_after"][0] - readings["start"] < 0.05 * readings["start"] + 64 * mib, readings
+    # nothing is kept once the session ends; the compiled model's graphs went with it
+    assert readings["cached_after"][-1] == 0
+    assert readings["end"] - readings["start"] < 0.05 * readings["start"] + 64 * mib, readings
