@@ -131,21 +131,17 @@ def _tests(null: int, slow: int, broken: int) -> str:
         import pytest
         from pytest_transformers_opt.techniques import TechniqueSpec
 
-        @pytest.mark.parametrize("run", range({null}))
-        @pytest.mark.optimization("null_ab", min_speedup=1.0, max_memory_ratio=1.0)
-        def test_null(opt_bench, run):
-            opt_bench()
+        def _cases(marker, runs, label):
+            return [pytest.param(run, marks=marker, id=f"{{label}}-{{run}}") for run in range(runs)]
 
-        @pytest.mark.parametrize("run", range({slow}))
-        @pytest.mark.parametrize("pct", [5, 10, 20, 50])
-        def test_slow(opt_bench, request, pct, run):
-            request.applymarker(pytest.mark.optimization(TechniqueSpec.of("slowdown", pct=pct), min_speedup=1.0))
-            opt_bench()
+        NULL = _cases(pytest.mark.optimization("null_ab", min_speedup=1.0, max_memory_ratio=1.0), {null}, "null")
+        SLOW = [case for pct in (5, 10, 20, 50) for case in _cases(
+            pytest.mark.optimization(TechniqueSpec.of("slowdown", pct=pct), min_speedup=1.0), {slow}, f"slow{{pct}}")]
+        BROKEN = [case for kind in ("nan_logits", "changed_token", "compile_fallback")
+                  for case in _cases(pytest.mark.optimization(kind), {broken}, kind)]
 
-        @pytest.mark.parametrize("run", range({broken}))
-        @pytest.mark.parametrize("kind", ["nan_logits", "changed_token", "compile_fallback"])
-        def test_broken(opt_bench, request, kind, run):
-            request.applymarker(pytest.mark.optimization(kind))
+        @pytest.mark.parametrize("run", NULL + SLOW + BROKEN)
+        def test_case(opt_bench, run):
             opt_bench()
     ''')
 
@@ -164,13 +160,8 @@ def run_study(null: int, slow: int, broken: int, extra_args: list[str]) -> dict:
         data = json.loads(report.read_text())
     tally: dict[str, list[int]] = {}
     for test in data["tests"]:
-        name = test["nodeid"].split("::")[-1]
-        if name.startswith("test_null"):
-            group = "null"
-        elif name.startswith("test_slow"):
-            group = "slowdown " + name.split("[")[1].split("-")[0] + "%"
-        else:
-            group = name.split("[")[1].split("-")[0]
+        label = test["nodeid"].split("[")[1].rsplit("-", 1)[0]
+        group = f"slowdown {label[4:]}%" if label.startswith("slow") else label
         failed = test["outcome"] in ("failed", "error")
         tally.setdefault(group, [0, 0])
         tally[group][0] += failed

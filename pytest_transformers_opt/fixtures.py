@@ -70,6 +70,9 @@ def opt_bench(request: pytest.FixtureRequest, opt_plan: TestPlan, opt_model: Opt
     """``opt_bench(prompts=None, *, max_new_tokens=None, batch_size=None, rounds=None, warmup=None) -> OptResult``."""
     session = _session(request)
     record = session.record(request.node.nodeid)
+    if not opt_plan.declared:
+        pytest.fail("opt_bench measures an optimization against the baseline: mark the test with "
+                    "@pytest.mark.optimization(\"TECHNIQUE\", ...) naming what to measure", pytrace=False)
 
     def bench(prompts: Any = None, *, max_new_tokens: Any = None, batch_size: Any = None, rounds: Any = None,
               warmup: Any = None) -> OptResult:

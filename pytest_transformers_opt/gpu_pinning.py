@@ -158,8 +158,6 @@ def gpus_per_worker_setting(config: Any, env: Mapping[str, str] | None = None) -
             source = f"ini {INI_KEY}"
     if raw is None:
         return None, "default"
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        raw = str(raw)
     try:
         return _gpus(str(raw).strip()), source
     except OptConfigError as exc:

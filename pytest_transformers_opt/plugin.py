@@ -9,6 +9,7 @@ import pytest
 from . import hookspecs
 from .errors import OptConfigError
 from .fixtures import opt_baseline_model, opt_bench, opt_hardware, opt_model, opt_plan  # noqa: F401 (fixtures)
+from .gpu_pinning import PLUGIN_NAME as GPU_PINNING, GpuPinningPlugin
 from .markers import MARKERS, marker_help
 from .options import add_options, resolve_settings
 from .report import ReportWriter, apply_compare, print_catalogue, record_entries
@@ -19,6 +20,8 @@ OPT_FIXTURES = {"opt_bench", "opt_model", "opt_baseline_model"}
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
+    # registered this early so that it pins xdist workers before anything initialises CUDA
+    pluginmanager.register(GpuPinningPlugin(), GPU_PINNING)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -55,9 +55,9 @@ class TestRecord:
     """What the report shows for one test."""
 
     nodeid: str
-    outcome: str = "passed"
+    outcome: str = "error"  # until its call phase reports: a test cut off by an interrupt never "passed"
     skip_reason: str | None = None
-    error: str | None = None
+    error: str | None = "did not finish (interrupted, or no call phase report)"
     plan: TestPlan | None = None
     result: Any = None  # OptResult
 
@@ -245,8 +245,8 @@ class OptSession:
             else:
                 text = report.longreprtext.strip().splitlines()
                 record.error = "\n".join(text[-12:]) if text else None
-        elif report.when == "call" and record.outcome not in ("failed", "error"):
-            record.outcome = "passed"
+        elif report.when == "call":
+            record.outcome, record.error = "passed", None
 
     def close(self) -> None:
         """Free every cached model at the end of the session."""
