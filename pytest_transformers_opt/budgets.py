@@ -83,6 +83,7 @@ SPEED_BUDGETS = ("max_ttft", "max_tpot", "max_latency", "min_throughput", "min_s
 # Peak memory readings move by allocator granularity between identical runs.
 MEMORY_SLACK_BYTES = 2**20
 MEMORY_SLACK_FRACTION = 0.01
+BORDERLINE = "below the limit but within noise"
 BUDGET_MODES = ("enforce", "warn", "off")
 
 
@@ -206,7 +207,7 @@ def _slowdown_significant(result: "OptResult", limit: float) -> tuple[bool, str 
         return False, f"too few rounds ({len(optimized)}+{len(baseline)}) for a significance test: median ratio only"
     p_value = mann_whitney_greater(optimized, baseline)
     if p_value >= SIGNIFICANCE:
-        return True, f"below the limit but within noise (Mann-Whitney p={p_value:.3g})"
+        return True, f"{BORDERLINE} (Mann-Whitney p={p_value:.3g})"
     return False, f"significant (Mann-Whitney p={p_value:.3g})"
 
 

@@ -102,7 +102,7 @@ def test_too_tight(opt_bench):
 ''')
     run.result.assert_outcomes(failed=1)
     run.result.stdout.fnmatch_lines([
-        "*budgets failed (max_latency) (confirmed by a second set of rounds) for [[]sdpa[]] vs baseline [[]eager[]] on tiny-random-llama:",
+        "*budgets failed (max_latency) (after a second set of rounds) for [[]sdpa[]] vs baseline [[]eager[]] on tiny-random-llama:",
         "*budget*measured*limit*verdict*source*",
     ])
     out = run.result.stdout.str()
