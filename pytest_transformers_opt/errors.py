@@ -17,3 +17,7 @@ class OptTechniqueConflict(OptConfigError):
 
 class OptProofError(AssertionError):
     """A technique was requested, the probes passed, but it did not take effect (a silent fallback)."""
+
+
+class OptLoadError(RuntimeError):
+    """Loading a configuration failed after its probes passed (out of memory, a broken checkpoint ...)."""

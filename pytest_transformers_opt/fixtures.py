@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import pytest
 
 from .bench import build_workload, enforce_budgets, judge_budgets, run_bench
-from .errors import OptConfigError
+from .errors import OptConfigError, OptLoadError
 from .hardware import HardwareInfo
 from .loading import OptModel
 from .results import OptResult
@@ -21,7 +21,7 @@ def _or_fail(action: Callable[[], T]) -> T:
     """Run ``action``; bad user input becomes this test's failure with the message alone (no traceback)."""
     try:
         return action()
-    except OptConfigError as exc:
+    except (OptConfigError, OptLoadError) as exc:
         message = str(exc)
     pytest.fail(message, pytrace=False)  # outside the except block: no chained traceback
 

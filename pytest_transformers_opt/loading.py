@@ -207,12 +207,23 @@ def prime_loader(device: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    import tempfile
+
     config = tiny_model_config("tiny-random-llama")
-    with torch.inference_mode():
-        model = AutoModelForCausalLM.from_config(config).to(device).eval()
-        ids = torch.ones((1, 4), dtype=torch.long, device=device)
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False, pad_token_id=0)
-    del model
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    with tempfile.TemporaryDirectory(prefix="opt-prime-") as folder, torch.inference_mode():
+        if distributed:  # torchrun ranks: save_pretrained writes on rank 0 only, so prime in memory
+            models = [AutoModelForCausalLM.from_config(config).to(device).eval()]
+        else:  # the same path a measured load takes: save_pretrained -> from_pretrained (safetensors)
+            AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+            models = (AutoModelForCausalLM.from_pretrained(folder, attn_implementation=attention,
+                                                          device_map={"": device}).eval()
+                      for attention in ("eager", "sdpa"))
+        for model in models:
+            ids = torch.ones((1, 4), dtype=torch.long, device=device)
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False,
+                           pad_token_id=0)
+            del model
     release_memory(device)
     _PRIMED.add(device)
 

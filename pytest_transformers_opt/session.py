@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from .budgets import Budget, resolve_budgets, worst_quality
-from .errors import OptConfigError
+from .errors import OptConfigError, OptLoadError, OptProofError
+from .measure import release_memory
 from .hardware import HardwareInfo, probe_hardware
 from .loading import (ModelCache, ModelRequest, OptModel, load_model, read_model_config, resolve_model_path,
                       tokenizer_only)
@@ -174,11 +175,19 @@ class OptSession:
     def opt_model(self, plan: TestPlan, side: Configuration) -> OptModel:
         load_time = [t for t in side.techniques if t.load_time]
         key = (side.request.identity(), tuple(sorted(t.label() for t in load_time)), self.device)
-        if any(t.name == "tensor_parallel" for t in side.techniques):
-            loaded = tokenizer_only(side.request, plan.model_path, key)
-        else:
-            loaded = self.models.get(key, lambda: load_model(side.request, plan.model_path, load_time,
-                                                             plan.probe_context, self.device, key))
+        try:
+            if any(t.name == "tensor_parallel" for t in side.techniques):
+                loaded = tokenizer_only(side.request, plan.model_path, key)
+            else:
+                loaded = self.models.get(key, lambda: load_model(side.request, plan.model_path, load_time,
+                                                                 plan.probe_context, self.device, key))
+        except (OptConfigError, OptProofError):
+            raise
+        except Exception as exc:  # broken is not unsupported: this test fails, the session runs on
+            what = "out of memory" if "out of memory" in str(exc).lower() or isinstance(exc, MemoryError) else "failed"
+            release_memory(self.device)
+            raise OptLoadError(f"loading {side.request.name_or_path} with [{', '.join(side.labels)}] on {self.device} "
+                               f"{what}: {type(exc).__name__}: {exc}") from exc
         generation = GenerationSettings()
         for technique in side.techniques:
             technique.configure_generation(generation, plan.probe_context)

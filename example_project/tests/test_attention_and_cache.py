@@ -5,7 +5,7 @@ import pytest
 from pytest_transformers_opt import techniques
 
 
-@pytest.mark.optimization("sdpa", max_kl=1e-3, max_memory_ratio=1.5)
+@pytest.mark.optimization("sdpa", max_kl=1e-3, max_memory="256 MiB")
 def test_sdpa_matches_eager(opt_bench):
     result = opt_bench()
     assert result.similarity.token_match == 1.0

@@ -11,7 +11,7 @@ def test_compiled_static_cache(opt_bench):
     assert result.optimized.compile_time_s is not None
 
 
-@pytest.mark.optimization(techniques.continuous_batching(max_batch_tokens=256), min_token_match=1.0)
+@pytest.mark.optimization(techniques.continuous_batching(max_batch_tokens=256, num_blocks=16), min_token_match=1.0)
 def test_continuous_batching(opt_bench):
     opt_bench(prompts=["The cat sees", "Name the capital of France.", "A dog eats", "Our team builds"])
 

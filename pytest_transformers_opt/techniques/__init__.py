@@ -112,5 +112,7 @@ def tensor_parallel(tp_size: int = 2) -> TechniqueSpec:
     return TechniqueSpec.of("tensor_parallel", tp_size=tp_size)
 
 
-def continuous_batching(max_batch_tokens: int = 512) -> TechniqueSpec:
-    return TechniqueSpec.of("continuous_batching", max_batch_tokens=max_batch_tokens)
+def continuous_batching(max_batch_tokens: int = 512, **config: Any) -> TechniqueSpec:
+    """``generate_batch()``; ``config`` goes to ``ContinuousBatchingConfig`` (num_blocks, page_size,
+    max_memory_percent, max_requests_per_batch): without a bound its cache takes a share of free memory."""
+    return TechniqueSpec.of("continuous_batching", max_batch_tokens=max_batch_tokens, **config)

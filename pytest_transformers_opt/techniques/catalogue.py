@@ -562,15 +562,23 @@ class ContinuousBatching(Technique):
     family = "continuous_batching"
     summary = "generate_batch() with dynamic scheduling and chunked prefill"
     requirement = "transformers with generate_batch and ContinuousBatchingConfig"
-    accepted_params = {"max_batch_tokens": "tokens per forward pass, int > 0"}
+    accepted_params = {"max_batch_tokens": "tokens per forward pass, int > 0",
+                       "num_blocks": "KV-cache blocks to allocate (bounds its memory), int > 0",
+                       "page_size": "tokens per cache block, int > 0",
+                       "max_memory_percent": "share of free memory the cache may take, 0..1",
+                       "max_requests_per_batch": "int > 0"}
     docs = f"{DOCS}/continuous_batching"
 
     def __init__(self, **params: Any) -> None:
         params.setdefault("max_batch_tokens", 512)
         super().__init__(**params)
-        tokens = self.params["max_batch_tokens"]
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
-            raise OptConfigError(f"continuous_batching: max_batch_tokens={tokens!r}; accepted: an int > 0")
+        for name in ("max_batch_tokens", "num_blocks", "page_size", "max_requests_per_batch"):
+            value = self.params.get(name, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise OptConfigError(f"continuous_batching: {name}={value!r}; accepted: an int > 0")
+        share = self.params.get("max_memory_percent", 0.5)
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise OptConfigError(f"continuous_batching: max_memory_percent={share!r}; accepted: a number in (0, 1]")
 
     def probe(self, ctx: ProbeContext) -> str | None:
         try:
@@ -580,7 +588,7 @@ class ContinuousBatching(Technique):
         return None
 
     def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:
-        gen.continuous_batching = {"max_batch_tokens": self.params["max_batch_tokens"]}
+        gen.continuous_batching = dict(self.params)
 
     def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
         if not evidence.used_generate_batch:
