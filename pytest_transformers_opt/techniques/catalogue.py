@@ -259,10 +259,10 @@ class Compile(Technique):
         from transformers import CompileConfig
 
         options = {k: v for k, v in self.params.items()}
-        config = CompileConfig(**options)
+        compile_config = CompileConfig(**options)
         # transformers compiles only on CUDA-like devices unless told; the plugin compiles everywhere.
-        config._compile_all_devices = True
-        gen.kwargs["compile_config"] = config
+        compile_config._compile_all_devices = True
+        gen.kwargs["compile_config"] = compile_config
         gen.kwargs["disable_compile"] = False
         gen.kwargs.setdefault("cache_implementation", "static")
         gen.compile = True
