@@ -261,7 +261,7 @@ class Compile(Technique):
         options = {k: v for k, v in self.params.items()}
         compile_config = CompileConfig(**options)
         # transformers compiles only on CUDA-like devices unless told; the plugin compiles everywhere.
-        compile_config._compile_all_devices = True
+        setattr(compile_config, "_compile_all_devices", True)  # transformers' own switch for this
         gen.kwargs["compile_config"] = compile_config
         gen.kwargs["disable_compile"] = False
         gen.kwargs.setdefault("cache_implementation", "static")
