@@ -34,6 +34,36 @@ COMPILED_MIN_WARMUP = 2
 DEFAULT_MAX_NEW_TOKENS = 24
 
 
+WARMUP_TOLERANCE = 0.05
+CUDA_MAX_EXTRA_WARMUP = 8
+CUDA_COMPILED_MIN_WARMUP = 5
+
+
+def warmup_bounds(requested: int, compiled: bool, cuda: bool) -> tuple[int, int]:
+    """(minimum, maximum) warm-up rounds: on CUDA, rounds continue until two in a row agree.
+
+    CPU keeps the requested count (its rounds are steady after one call, and CI time is short); on
+    CUDA clocks ramp and autotuning settles, so up to ``CUDA_MAX_EXTRA_WARMUP`` more rounds run, and
+    compiled configurations get at least ``CUDA_COMPILED_MIN_WARMUP``.
+    """
+    if not cuda:
+        return requested, requested
+    minimum = max(requested, CUDA_COMPILED_MIN_WARMUP if compiled else requested, 2)
+    return minimum, minimum + CUDA_MAX_EXTRA_WARMUP
+
+
+def warm_until_stable(run_round: Callable[[], float], minimum: int, maximum: int,
+                      tolerance: float = WARMUP_TOLERANCE) -> list[float]:
+    """Run warm-up rounds: at least ``minimum``, then until the last two differ by under ``tolerance``."""
+    seconds: list[float] = []
+    while len(seconds) < maximum:
+        seconds.append(run_round())
+        stable = len(seconds) >= 2 and seconds[-2] > 0 and abs(seconds[-1] - seconds[-2]) / seconds[-2] < tolerance
+        if len(seconds) >= minimum and stable:
+            break
+    return seconds
+
+
 def _dynamo_graphs() -> int:
     try:
         from torch._dynamo.utils import counters
@@ -160,10 +190,16 @@ def run_bench(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Op
         return _run_tensor_parallel_bench(session, plan, get_base() if base is None else base, opt, workload, once)
 
     base_timings, opt_timings = Timings(), Timings()
-    for _ in range(workload.warmup):
-        opt_timings.warmup_s.append(once(opt).timing.total_s)
+    minimum, maximum = warmup_bounds(workload.warmup, opt.generation.compile, session.hardware.is_cuda)
+
+    def warm_both() -> float:
+        seconds = once(opt).timing.total_s
+        opt_timings.warmup_s.append(seconds)
         if base is not None:
             base_timings.warmup_s.append(once(base).timing.total_s)
+        return seconds
+
+    warm_until_stable(warm_both, minimum, maximum)
     reference, base_memory = _reference_run(session, base, workload) if base is not None else (None, None)
     with track_peak_memory(opt.device) as opt_memory:
         verification = once(opt, keep_logits=True, spy=True)
