@@ -72,18 +72,22 @@ CONFTEST = textwrap.dedent('''
                     handle.remove()
 
 
+    @contextlib.contextmanager
+    def lm_head_hook(model, hook):
+        handle = model.lm_head.register_forward_hook(hook)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+
     class NanLogits(Technique):
         name = "nan_logits"
         family = "study"
         summary = "injected NaN logits"
 
-        @contextlib.contextmanager
         def around_generate(self, model):
-            handle = model.lm_head.register_forward_hook(lambda m, a, out: out * float("nan"))
-            try:
-                yield
-            finally:
-                handle.remove()
+            return lm_head_hook(model, lambda m, a, out: out * float("nan"))
 
 
     class ChangedToken(Technique):
@@ -92,7 +96,6 @@ CONFTEST = textwrap.dedent('''
         family = "study"
         summary = "injected token change"
 
-        @contextlib.contextmanager
         def around_generate(self, model):
             calls = [0]
 
@@ -104,11 +107,7 @@ CONFTEST = textwrap.dedent('''
                     out[torch.arange(out.shape[0]), -1, top] = -1e4
                 return out
 
-            handle = model.lm_head.register_forward_hook(hook)
-            try:
-                yield
-            finally:
-                handle.remove()
+            return lm_head_hook(model, hook)
 
 
     class CompileFallback(Compile):

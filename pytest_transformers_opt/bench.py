@@ -30,11 +30,11 @@ from .units import parse_non_negative_int
 if TYPE_CHECKING:
     from .session import OptSession, TestPlan
 
-COMPILED_MIN_WARMUP = 2
 DEFAULT_MAX_NEW_TOKENS = 24
 
 
 WARMUP_TOLERANCE = 0.05
+COMPILED_MIN_WARMUP = 2
 CUDA_MAX_EXTRA_WARMUP = 8
 CUDA_COMPILED_MIN_WARMUP = 5
 
@@ -42,13 +42,15 @@ CUDA_COMPILED_MIN_WARMUP = 5
 def warmup_bounds(requested: int, compiled: bool, cuda: bool) -> tuple[int, int]:
     """(minimum, maximum) warm-up rounds: on CUDA, rounds continue until two in a row agree.
 
-    CPU keeps the requested count (its rounds are steady after one call, and CI time is short); on
-    CUDA clocks ramp and autotuning settles, so up to ``CUDA_MAX_EXTRA_WARMUP`` more rounds run, and
-    compiled configurations get at least ``CUDA_COMPILED_MIN_WARMUP``.
+    Compiled configurations need at least ``COMPILED_MIN_WARMUP`` (the first call compiles). CPU
+    keeps that count (its rounds are steady after one call, and CI time is short); on CUDA clocks
+    ramp and autotuning settles, so up to ``CUDA_MAX_EXTRA_WARMUP`` more rounds run, and compiled
+    configurations get at least ``CUDA_COMPILED_MIN_WARMUP``.
     """
+    minimum = max(requested, COMPILED_MIN_WARMUP) if compiled else requested
     if not cuda:
-        return requested, requested
-    minimum = max(requested, CUDA_COMPILED_MIN_WARMUP if compiled else requested, 2)
+        return minimum, minimum
+    minimum = max(minimum, CUDA_COMPILED_MIN_WARMUP if compiled else minimum, 2)
     return minimum, minimum + CUDA_MAX_EXTRA_WARMUP
 
 
@@ -91,8 +93,7 @@ def build_workload(session: "OptSession", opt: OptModel, prompts: Any, max_new_t
                                       "opt_bench(rounds=...)", minimum=1)
     n_warmup = parse_non_negative_int(session.settings.warmup if warmup is None else warmup,
                                       "opt_bench(warmup=...)", minimum=0)
-    if opt.generation.compile:
-        n_warmup = max(n_warmup, COMPILED_MIN_WARMUP)
+    n_warmup = warmup_bounds(n_warmup, opt.generation.compile, session.hardware.is_cuda)[0]
     input_tokens = max(len(opt.tokenizer.encode(p)) for p in prompts)
     return Workload(prompts=prompts, max_new_tokens=new_tokens, batch_size=min(batch, len(prompts)),
                     rounds=n_rounds, warmup=n_warmup, input_tokens=input_tokens)
@@ -119,14 +120,16 @@ def _peak(opt: OptModel, generation: PeakReading) -> int | None:
     return max(load_peak or 0, resident + generation.peak_delta_bytes)
 
 
-def _side(opt: OptModel, timings: Timings, peak: int | None, texts: list[str], compile_time: float | None,
-          recompiles: int | None, memory_method: str) -> SideMetrics:
+def _side(timings: Timings, *, peak: int | None, load_time: float | None, texts: list[str],
+          memory: PeakReading | None = None, memory_method: str = "", compile_time: float | None = None,
+          recompiles: int | None = None) -> SideMetrics:
     return SideMetrics(
         ttft_s=timings.ttft_s, tpot_s=timings.tpot_s, latency_s=timings.latency_s,
-        throughput_tok_s=timings.throughput_tok_s, peak_memory_bytes=peak, load_time_s=opt.loaded.load_time_s,
+        throughput_tok_s=timings.throughput_tok_s, peak_memory_bytes=peak, load_time_s=load_time,
         compile_time_s=compile_time, tokens_generated=timings.tokens, texts=texts, rounds=len(timings.rounds),
         recompiles=recompiles, warmup_s=list(timings.warmup_s), latency_samples_s=timings.latency_samples(),
-        memory_method=memory_method,
+        memory_method=memory.method if memory else memory_method,
+        device_memory_used_bytes=memory.device_used_bytes if memory else None,
     )
 
 
@@ -236,14 +239,15 @@ def run_bench(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Op
             steady = statistics.median(r.total_s for r in opt_timings.rounds)
             compile_time = max(0.0, opt_timings.warmup_s[0] - steady)
         if base is not None:
-            baseline = _side(base, base_timings, _peak(base, base_memory), reference.texts, None, None,  # type: ignore[union-attr,arg-type]
-                             base_memory.method)  # type: ignore[union-attr]
+            baseline = _side(base_timings, peak=_peak(base, base_memory), load_time=base.loaded.load_time_s,  # type: ignore[arg-type]
+                             texts=reference.texts, memory=base_memory)  # type: ignore[union-attr]
         else:
             baseline = stored.side_metrics()  # type: ignore[union-attr]
         return OptResult(
             baseline=baseline,
-            optimized=_side(opt, opt_timings, _peak(opt, opt_memory), verification.texts, compile_time,
-                            sum(recompiles) if opt.generation.compile else None, opt_memory.method),
+            optimized=_side(opt_timings, peak=_peak(opt, opt_memory), load_time=opt.loaded.load_time_s,
+                            texts=verification.texts, memory=opt_memory, compile_time=compile_time,
+                            recompiles=sum(recompiles) if opt.generation.compile else None),
             similarity=similarity, workload=workload, techniques=plan.declared, baseline_techniques=plan.baseline.labels,
             model={"name_or_path": plan.marked.model.name_or_path, "revision": plan.marked.model.revision,
                    "dtype": plan.probe_context.dtype},
@@ -302,16 +306,11 @@ def _run_tensor_parallel_bench(session: "OptSession", plan: "TestPlan", base: Op
     if problem:
         raise OptProofError(f"silent fallback: {problem}")
     similarity = compare_runs(reference.tokens, tp.tokens, workload.max_new_tokens, reference.logprobs, tp.logprobs)
-    timings = tp.timings()
-    optimized = SideMetrics(
-        ttft_s=timings.ttft_s, tpot_s=timings.tpot_s, latency_s=timings.latency_s,
-        throughput_tok_s=timings.throughput_tok_s, peak_memory_bytes=tp.peak_memory_bytes,
-        load_time_s=tp.load_time_s, tokens_generated=timings.tokens, texts=list(tp.texts), rounds=len(timings.rounds),
-        warmup_s=list(timings.warmup_s), latency_samples_s=timings.latency_samples(), memory_method=tp.memory_method,
-    )
     return OptResult(
-        baseline=_side(base, base_timings, _peak(base, base_memory), reference.texts, None, None, base_memory.method),
-        optimized=optimized, similarity=similarity, workload=workload, techniques=plan.declared,
+        baseline=_side(base_timings, peak=_peak(base, base_memory), load_time=base.loaded.load_time_s,
+                       texts=reference.texts, memory=base_memory),
+        optimized=_side(tp.timings(), peak=tp.peak_memory_bytes, load_time=tp.load_time_s, texts=list(tp.texts),
+                        memory_method=tp.memory_method), similarity=similarity, workload=workload, techniques=plan.declared,
         baseline_techniques=base.labels,
         model={"name_or_path": request.name_or_path, "revision": request.revision, "dtype": plan.probe_context.dtype},
         notes=[f"tensor_parallel: {tp.world_size} torchrun ranks, {min(tp.sharded_params)} sharded parameters per "

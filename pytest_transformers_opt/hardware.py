@@ -10,7 +10,6 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
-import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -145,7 +144,3 @@ def probe_hardware(requested_device: str = "auto") -> HardwareInfo:
         except (ValueError, OSError, AttributeError):
             info.memory_bytes = None
     return info
-
-
-def python_version() -> str:
-    return sys.version.split()[0]

@@ -12,15 +12,12 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from .errors import OptConfigError, OptProofError
 from .measure import release_memory, track_peak_memory
 from .techniques import GenerationSettings, LoadSettings, ProbeContext, Technique
 from .tiny_models import ensure_tiny_model, is_tiny_model, tiny_model_config
-
-if TYPE_CHECKING:
-    from .hardware import HardwareInfo
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "auto")
 _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}

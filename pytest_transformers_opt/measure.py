@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Iterator
 from contextlib import contextmanager
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -211,10 +211,3 @@ class Timings:
     @property
     def tokens(self) -> int:
         return self.rounds[0].tokens if self.rounds else 0
-
-
-def timed(device: str, fn: Callable[[], Any]) -> tuple[float, Any]:
-    """Run ``fn`` between two synchronised clock reads; returns (seconds, result)."""
-    start = now(device)
-    result = fn()
-    return now(device) - start, result

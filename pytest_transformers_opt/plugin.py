@@ -12,7 +12,7 @@ from .fixtures import opt_baseline_model, opt_bench, opt_hardware, opt_model, op
 from .gpu_pinning import PLUGIN_NAME as GPU_PINNING, GpuPinningPlugin
 from .markers import MARKERS, marker_help
 from .options import add_options, resolve_settings
-from .report import ReportWriter, apply_compare, print_catalogue, record_entries
+from .report import ReportWriter, print_catalogue, record_entries
 from .session import SESSION_KEY, OptSession
 
 OPT_FIXTURES = {"opt_bench", "opt_model", "opt_baseline_model"}
@@ -99,6 +99,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if opt_session is not None:
         if opt_session.is_xdist_worker:
             session.config.workeroutput["opt_report_entries"] = record_entries(opt_session)  # type: ignore[attr-defined]
-        session.exitstatus = apply_compare(opt_session, session.exitstatus)
-        ReportWriter(opt_session).write_files()
+        session.exitstatus = ReportWriter(opt_session).finish(session.exitstatus)
         opt_session.close()

@@ -124,13 +124,14 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def render_table(rows: list[list[str]]) -> list[str]:
+def render_table(rows: list[list[str]], separator: str = "  ", rule_separator: str = "  ") -> list[str]:
+    """Left-aligned columns with a rule under the header row."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for n, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        lines.append(separator.join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
         if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
+            lines.append(rule_separator.join("-" * w for w in widths))
     return lines
 
 
@@ -166,22 +167,6 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def apply_compare(session: "OptSession", exit_status: int) -> int:
-    """--opt-compare: a regression verdict per test; past a --opt-compare-fail threshold the run fails."""
-    settings = session.settings
-    if settings.compare_report is None or session.is_xdist_worker:
-        return exit_status
-    from .compare import compare_reports, summarise
-
-    current = build_report(session)
-    session.regressions = compare_reports(settings.compare_report, current, settings.compare_thresholds)
-    session.compare_lines = ["", *summarise(session.regressions, settings.compare)]
-    regressed = [n for n, v in session.regressions.items() if v["verdict"] == "regressed"]
-    if regressed and exit_status == pytest.ExitCode.OK:
-        return pytest.ExitCode.TESTS_FAILED
-    return exit_status
-
-
 def _advice(report: dict[str, Any]) -> dict[str, Any] | None:
     """The advisor's next single change for the run just measured (None when nothing was measured)."""
     if not any(t.get("optimized") for t in report["tests"]):
@@ -195,17 +180,42 @@ def _advice(report: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class ReportWriter:
+    """Builds the run's report once, at session end, and hands that one document to every output."""
+
     def __init__(self, session: "OptSession") -> None:
         self.session = session
         self.settings = session.settings
 
     def _report(self) -> dict[str, Any]:
-        report = build_report(self.session)
-        report["advice"] = _advice(report)
+        if self.session.final_report is None:
+            report = build_report(self.session)
+            report["advice"] = _advice(report)
+            self._compare(report)
+            self.session.config.hook.pytest_opt_report_extra(config=self.session.config, report=report)
+            self.session.final_report = report
+        return self.session.final_report
+
+    def _compare(self, report: dict[str, Any]) -> None:
+        """--opt-compare: a regression verdict per test, kept on the report and summarised for the terminal."""
+        if self.settings.compare_report is None:
+            return
+        from .compare import compare_reports, summarise
+
+        verdicts = compare_reports(self.settings.compare_report, report, self.settings.compare_thresholds)
         for entry in report["tests"]:
-            entry["regression"] = self.session.regressions.get(entry["nodeid"])
-        self.session.config.hook.pytest_opt_report_extra(config=self.session.config, report=report)
-        return report
+            entry["regression"] = verdicts.get(entry["nodeid"])
+        self.session.compare_lines = ["", *summarise(verdicts, self.settings.compare)]
+
+    def finish(self, exit_status: int) -> int:
+        """At session end: write every report file; a regression past --opt-compare-fail fails the run."""
+        if self.session.is_xdist_worker:  # the controller writes the merged report
+            return exit_status
+        report = self._report()
+        self._write_files(report)
+        regressed = any((t.get("regression") or {}).get("verdict") == "regressed" for t in report["tests"])
+        if regressed and self.settings.compare_thresholds and exit_status == pytest.ExitCode.OK:
+            return pytest.ExitCode.TESTS_FAILED
+        return exit_status
 
     def terminal(self, reporter: Any) -> None:
         if not self.settings.report or self.session.is_xdist_worker:
@@ -214,14 +224,9 @@ class ReportWriter:
         for line in terminal_lines(self._report()) + self.session.compare_lines:
             reporter.write_line(line)
 
-    def write_files(self) -> None:
+    def _write_files(self, report: dict[str, Any]) -> None:
         """JSON, Markdown (also appended to $GITHUB_STEP_SUMMARY) and HTML, each written atomically."""
-        if self.session.is_xdist_worker:  # the controller writes the merged report
-            return
-        wants_summary = bool(os.environ.get("GITHUB_STEP_SUMMARY")) and bool(self.session.records or self.session.worker_entries)
-        if not (self.settings.report_json or self.settings.report_md or self.settings.report_html or wants_summary):
-            return
-        report = self._report()
+        wants_summary = bool(os.environ.get("GITHUB_STEP_SUMMARY")) and bool(report["tests"])
         if self.settings.report_json:
             write_atomic(Path(self.settings.report_json), json.dumps(report, indent=2) + "\n")
         if self.settings.report_md or wants_summary:

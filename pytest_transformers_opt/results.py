@@ -53,6 +53,7 @@ class SideMetrics:
     warmup_s: list[float] = field(default_factory=list)
     latency_samples_s: list[float] = field(default_factory=list)
     memory_method: str = ""
+    device_memory_used_bytes: int | None = None  # CUDA: NVML's figure, including memory torch does not see
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

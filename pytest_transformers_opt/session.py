@@ -6,7 +6,7 @@ reference runs and what each test recorded for the report.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -94,8 +94,8 @@ class OptSession:
         self.records: dict[str, TestRecord] = {}
         self.worker_entries: list[dict[str, Any]] = []  # report entries sent by xdist workers
         self.is_xdist_worker = hasattr(config, "workerinput")
-        self.regressions: dict[str, dict[str, Any]] = {}  # --opt-compare verdicts by nodeid
-        self.compare_lines: list[str] = []
+        self.compare_lines: list[str] = []  # --opt-compare summary for the terminal
+        self.final_report: dict[str, Any] | None = None  # built once, at session end
         self._configs: dict[str, Any] = {}
         self._item_model: dict[str, tuple[Any, ...]] = {}
         self._remaining_uses: dict[tuple[Any, ...], int] = {}

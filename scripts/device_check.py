@@ -285,13 +285,9 @@ def table(report: dict[str, Any] | None, width: int = 72, interrupted: bool = Fa
 
 
 def render(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for n, row in enumerate(rows):
-        lines.append(" | ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-        if n == 0:
-            lines.append("-+-".join("-" * w for w in widths))
-    return lines
+    from pytest_transformers_opt.report import render_table
+
+    return render_table(rows, separator=" | ", rule_separator="-+-")
 
 
 def markdown(rows: list[list[str]], notes: list[str], heading: str) -> str:

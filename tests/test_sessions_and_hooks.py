@@ -78,10 +78,10 @@ import pytest
 @pytest.mark.optimization("no_repeat_bigrams", min_token_match=0.0, max_kl=100)
 def test_custom(opt_bench):
     result = opt_bench(max_new_tokens=12)
-    for text in result.optimized.texts:
-        words = text.split()
-        pairs = list(zip(words, words[1:]))
-        assert result.optimized.tokens_generated == 3 * 12
+    assert result.optimized.tokens_generated == 3 * 12
+    # the tiny model repeats itself greedily; forbidding repeated bigrams must change its output
+    assert result.optimized.texts != result.baseline.texts
+    assert result.similarity.token_match < 1.0
 
 @pytest.mark.optimization("pretend_fast")
 def test_fallback_is_caught(opt_bench):
