@@ -205,11 +205,11 @@ def resolve_settings(config: pytest.Config) -> Settings:
     for key in ("report_json", "report_md", "report_html"):
         path = settings.values.get(key)
         if path:
-            _check_writable(Path(path), settings.sources[key])
+            check_writable(Path(path), settings.sources[key])
     return settings
 
 
-def _check_writable(path: Path, source: str) -> None:
+def check_writable(path: Path, source: str) -> None:
     """Fail at start-up, not after an hour of measuring, when a report cannot be written."""
     parent = path.expanduser().resolve().parent
     if path.is_dir():

@@ -7,6 +7,7 @@ from typing import Any, Generator
 import pytest
 
 from . import hookspecs
+from .benchmark_export import PLUGIN_NAME as BENCHMARK_EXPORT, BenchmarkExport, benchmark_available
 from .errors import OptConfigError
 from .fixtures import opt_baseline_model, opt_bench, opt_hardware, opt_model, opt_plan  # noqa: F401 (fixtures)
 from .gpu_pinning import PLUGIN_NAME as GPU_PINNING, GpuPinningPlugin
@@ -41,7 +42,9 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
 def pytest_configure(config: pytest.Config) -> None:
     for name in MARKERS:
         config.addinivalue_line("markers", marker_help(name))
-    config.stash[SESSION_KEY] = OptSession(config, resolve_settings(config))
+    session = config.stash[SESSION_KEY] = OptSession(config, resolve_settings(config))
+    if benchmark_available(config):
+        config.pluginmanager.register(BenchmarkExport(session), BENCHMARK_EXPORT)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(), "transformers-opt-xdist")
 
@@ -100,4 +103,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if opt_session.is_xdist_worker:
             session.config.workeroutput["opt_report_entries"] = record_entries(opt_session)  # type: ignore[attr-defined]
         session.exitstatus = ReportWriter(opt_session).finish(session.exitstatus)
+        export = session.config.pluginmanager.get_plugin(BENCHMARK_EXPORT)
+        if export is not None:
+            export.finish()  # pytest-benchmark's own saving ran before this hook
         opt_session.close()

@@ -59,8 +59,13 @@ def record_entries(session: "OptSession") -> list[dict[str, Any]]:
     return entries
 
 
+def all_entries(session: "OptSession") -> list[dict[str, Any]]:
+    """This process's entries and those the xdist workers sent, by test id."""
+    return sorted(record_entries(session) + list(session.worker_entries), key=lambda t: t["nodeid"])
+
+
 def build_report(session: "OptSession") -> dict[str, Any]:
-    tests = sorted(record_entries(session) + list(session.worker_entries), key=lambda t: t["nodeid"])
+    tests = all_entries(session)
     summary = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
     for entry in tests:
         summary[entry["outcome"]] = summary.get(entry["outcome"], 0) + 1
