@@ -315,6 +315,22 @@ def test_compile_that_passed_leads_to_continuous_batching_or_nothing():
     assert alone.verified and "were measured" in alone.verification_line()
 
 
+def test_among_passing_runs_the_one_furthest_along_decides():
+    """Report order (test ids) must not decide: the fullest passing stack is the one to build on."""
+    stacked = _record(nodeid="test_a.py::test_stack", techniques=["static_cache", "sdpa", "compile"],
+                      outcome="passed", failed_budgets=[])
+    single = _record(nodeid="test_z.py::test_single", techniques=["sdpa"], outcome="passed", failed_budgets=[])
+    for order in ((stacked, single), (single, stacked)):
+        advice = advise_from_report(_report(*order), Workload(concurrency=8))
+        assert advice.why[0].startswith("Measured run test_a.py::test_stack:")
+        assert advice.change.name == "continuous_batching"
+    faster = _record(nodeid="test_b.py::test_fast", techniques=["sdpa"], outcome="passed", failed_budgets=[],
+                     speedup=1.4)
+    slower = _record(nodeid="test_c.py::test_slow", techniques=["sdpa"], outcome="passed", failed_budgets=[],
+                     speedup=1.1)
+    assert advise_from_report(_report(slower, faster)).why[0].startswith("Measured run test_b.py::test_fast:")
+
+
 def test_continuous_batching_replaces_compile_and_static_cache():
     passed = _record(techniques=["static_cache", "sdpa", "compile"], outcome="passed", failed_budgets=[])
     advice = advise_from_report(_report(passed), Workload(concurrency=4))

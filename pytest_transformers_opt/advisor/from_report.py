@@ -128,7 +128,8 @@ def _budget_limit(test: dict[str, Any], name: str) -> float | None:
 
 
 def _pick_test(tests: list[dict[str, Any]], model: str | None) -> tuple[dict[str, Any] | None, list[str]]:
-    """The record that decides the next step: the first failure, else the last run that passed."""
+    """The record that decides the next step: the first failure, else the passing run furthest along
+    (most techniques stacked; then the best speedup, then the smallest memory ratio)."""
     notes: list[str] = []
     if model:
         same = [t for t in tests if (t.get("model") or {}).get("name_or_path") in (model, Path(model).name)
@@ -142,7 +143,12 @@ def _pick_test(tests: list[dict[str, Any]], model: str | None) -> tuple[dict[str
     if failed:
         return failed[0], notes
     if ran:
-        return ran[-1], notes
+        def progress(test: dict[str, Any]) -> tuple[int, float, float]:
+            speedup, ratio = test.get("speedup"), test.get("memory_ratio")
+            return (len(test.get("techniques") or []),
+                    speedup if isinstance(speedup, (int, float)) else 0.0,
+                    -ratio if isinstance(ratio, (int, float)) else float("-inf"))
+        return max(ran, key=progress), notes
     skipped = [t for t in tests if t.get("outcome") == "skipped"]
     return (skipped[0] if skipped else None), notes
 
