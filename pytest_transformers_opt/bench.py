@@ -19,6 +19,7 @@ import pytest
 from .baselines import (BaselineStore, StoredBaseline, baseline_key, hardware_fingerprint, measurements_usable,
                         similarity_against_stored)
 from .budgets import BORDERLINE, SPEED_BUDGETS, check_budgets, format_checks
+from .decode_efficiency import decode_estimates
 from .errors import OptConfigError, OptProofError
 from .generation import GenerationRun, run_generation
 from .loading import OptModel
@@ -243,15 +244,16 @@ def run_bench(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Op
                              texts=reference.texts, memory=base_memory)  # type: ignore[union-attr]
         else:
             baseline = stored.side_metrics()  # type: ignore[union-attr]
+        optimized = _side(opt_timings, peak=_peak(opt, opt_memory), load_time=opt.loaded.load_time_s,
+                          texts=verification.texts, memory=opt_memory, compile_time=compile_time,
+                          recompiles=sum(recompiles) if opt.generation.compile else None)
         return OptResult(
             baseline=baseline,
-            optimized=_side(opt_timings, peak=_peak(opt, opt_memory), load_time=opt.loaded.load_time_s,
-                            texts=verification.texts, memory=opt_memory, compile_time=compile_time,
-                            recompiles=sum(recompiles) if opt.generation.compile else None),
+            optimized=optimized,
             similarity=similarity, workload=workload, techniques=plan.declared, baseline_techniques=plan.baseline.labels,
             model={"name_or_path": plan.marked.model.name_or_path, "revision": plan.marked.model.revision,
                    "dtype": plan.probe_context.dtype},
-            remeasure=timed_rounds, notes=list(notes),
+            remeasure=timed_rounds, notes=list(notes), estimates=_decode_estimates(session, opt, workload, optimized),
         )
 
     result = timed_rounds()
@@ -274,6 +276,16 @@ def _save_baseline(session: "OptSession", plan: "TestPlan", ctx: StoredContext, 
     path = ctx.store.save(baseline, update=True)
     session.saved_baselines.add(ctx.key)
     result.notes.append(f"baseline stored in {path}")
+
+
+def _decode_estimates(session: "OptSession", opt: OptModel, workload: Workload, optimized: SideMetrics) -> dict[str, float]:
+    """Decode bandwidth (an estimate): for ``generate()`` on one process; continuous batching's
+    steps mix requests at different stages, so a per-step byte count would mean little there."""
+    if opt.generation.continuous_batching is not None:
+        return {}
+    kv_bits = (opt.generation.kwargs.get("cache_config") or {}).get("nbits")
+    return decode_estimates(opt.model, workload, optimized.tpot_s, session.hardware.memory_bandwidth_bytes_s,
+                            kv_bits=kv_bits)
 
 
 def _run_tensor_parallel_bench(session: "OptSession", plan: "TestPlan", base: OptModel, opt: OptModel,

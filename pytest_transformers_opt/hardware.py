@@ -47,6 +47,8 @@ class HardwareInfo:
     cuda_version: str | None = None
     driver_version: str | None = None
     tf32: bool | None = None
+    clocks_mhz: dict[str, int] | None = None  # CUDA, from NVML: sm / memory now, and their maxima
+    memory_bandwidth_bytes_s: float | None = None  # CUDA, peak: NVML bus width x max memory clock x 2
     cpu_count: int = field(default_factory=lambda: os.cpu_count() or 1)
     python: str = field(default_factory=lambda: platform.python_version())
     platform: str = field(default_factory=platform.platform)
@@ -86,6 +88,8 @@ class HardwareInfo:
             "device_count": self.device_count,
             "bf16_supported": self.bf16_supported,
             "tf32": self.tf32,
+            "gpu_clocks_mhz": self.clocks_mhz,
+            "gpu_memory_bandwidth_bytes_s": self.memory_bandwidth_bytes_s,
             "cpu_count": self.cpu_count,
             "versions": dict(self.versions),
         }
@@ -94,18 +98,53 @@ class HardwareInfo:
         return asdict(self)
 
 
-def _nvml_driver_version() -> str | None:
-    try:
-        import pynvml  # from nvidia-ml-py
+def peak_memory_bandwidth(bus_width_bits: int, max_memory_clock_mhz: int) -> float:
+    """Peak bandwidth from NVML's figures: bus width x memory clock x 2 (double data rate)."""
+    return bus_width_bits / 8 * max_memory_clock_mhz * 1e6 * 2
 
-        pynvml.nvmlInit()
+
+def nvml_handle(nvml: Any, cuda_index: int) -> Any:
+    """NVML numbers every GPU in the machine, CUDA only the visible ones (``CUDA_VISIBLE_DEVICES``, as
+    ``--opt-gpus-per-worker`` sets it): find the device by its UUID, by index only as a fallback."""
+    try:
+        import torch
+
+        uuid = str(torch.cuda.get_device_properties(cuda_index).uuid)
+        return nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except Exception:
+        return nvml.nvmlDeviceGetHandleByIndex(cuda_index)
+
+
+def nvml_facts(index: int, nvml: Any = None) -> dict[str, Any]:
+    """Driver version, clocks and peak memory bandwidth of CUDA device ``index`` from NVML; a fact
+    NVML cannot give (no driver, no library, a field the GPU does not report) is simply left out."""
+    facts: dict[str, Any] = {}
+    try:
+        if nvml is None:
+            import pynvml as nvml  # from nvidia-ml-py
+
+        nvml.nvmlInit()
+    except Exception:
+        return facts
+    try:
+        version = nvml.nvmlSystemGetDriverVersion()
+        facts["driver_version"] = version.decode() if isinstance(version, bytes) else str(version)
+        handle = nvml_handle(nvml, index)
+        clocks = {}
+        for label, clock in (("sm", nvml.NVML_CLOCK_SM), ("memory", nvml.NVML_CLOCK_MEM)):
+            clocks[label] = int(nvml.nvmlDeviceGetClockInfo(handle, clock))
+            clocks[f"{label}_max"] = int(nvml.nvmlDeviceGetMaxClockInfo(handle, clock))
+        facts["clocks_mhz"] = clocks
+        facts["memory_bandwidth_bytes_s"] = peak_memory_bandwidth(int(nvml.nvmlDeviceGetMemoryBusWidth(handle)),
+                                                                  clocks["memory_max"])
+    except Exception:  # an older driver without one of these calls: keep what was read
+        pass
+    finally:
         try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-            return version.decode() if isinstance(version, bytes) else str(version)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no driver, no library: simply unknown
-        return None
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+    return facts
 
 
 def resolve_device(requested: str, cuda_count: int) -> str:
@@ -135,7 +174,10 @@ def probe_hardware(requested_device: str = "auto") -> HardwareInfo:
         info.memory_bytes = int(props.total_memory)
         info.bf16_supported = bool(torch.cuda.is_bf16_supported())
         info.tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
-        info.driver_version = _nvml_driver_version()
+        nvml = nvml_facts(index)
+        info.driver_version = nvml.get("driver_version")
+        info.clocks_mhz = nvml.get("clocks_mhz")
+        info.memory_bandwidth_bytes_s = nvml.get("memory_bandwidth_bytes_s")
     else:
         info.name = platform.processor() or platform.machine()
         info.bf16_supported = True  # CPU kernels exist for bf16 (slowly)

@@ -102,8 +102,9 @@ def _nvml_used_bytes(device: str) -> int | None:
 
         pynvml.nvmlInit()
         try:
-            index = int(device.split(":")[1]) if ":" in device else 0
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            from .hardware import nvml_handle
+
+            handle = nvml_handle(pynvml, int(device.split(":")[1]) if ":" in device else 0)
             return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
         finally:
             pynvml.nvmlShutdown()

@@ -49,6 +49,8 @@ ENVIRONMENT_FIELDS: tuple[tuple[str, str], ...] = (
     ("device_count", "Device count"),
     ("bf16_supported", "bf16 supported"),
     ("tf32", "TF32"),
+    ("gpu_clocks_mhz", "GPU clocks (MHz)"),
+    ("gpu_memory_bandwidth_bytes_s", "GPU memory bandwidth (peak, NVML)"),
     ("cuda", "CUDA"),
     ("driver", "Driver"),
     ("python", "Python"),
@@ -166,7 +168,13 @@ def format_budget_value(name: str, value: Any) -> str:
 
 
 def format_estimate(name: str, value: Any) -> str:
-    """An estimated figure, formatted from its name (``*bytes*``, ``*_tok_s``, ``*_s``, ``*ratio*``)."""
+    """An estimated figure, formatted from its name (``*_bytes_s``, ``*bytes*``, ``*_tok_s``, ``*_s``,
+    ``*fraction*``, ``*ratio*``)."""
+    if name.endswith("_bytes_s"):
+        text = format_memory(value)
+        return text if text == MISSING else f"{text}/s"
+    if "fraction" in name:
+        return format_percent(value)
     if "bytes" in name:
         return format_memory(value)
     if name.endswith("_tok_s"):
@@ -377,6 +385,8 @@ def _plain_value(key: str, value: Any) -> str:
         return "yes" if value else "no"
     if key.endswith("_bytes"):
         return format_memory(value)
+    if key.endswith("_bytes_s"):
+        return f"{format_memory(value)}/s"
     if isinstance(value, dict):
         return ", ".join(f"{k} {MISSING if v is None else _one_line(str(v))}" for k, v in value.items()) or MISSING
     if isinstance(value, (list, tuple)):

@@ -141,7 +141,7 @@ def render_table(rows: list[list[str]], separator: str = "  ", rule_separator: s
 
 
 def terminal_lines(report: dict[str, Any]) -> list[str]:
-    """The ``--opt-report`` text: the table, skip reasons, compile times, errors."""
+    """The ``--opt-report`` text: the table, skip reasons, compile times, decode efficiency, errors."""
     if not report["tests"]:
         return ["no test used opt_bench, opt_model or opt_baseline_model"]
     lines = render_table(table_rows(report))
@@ -158,6 +158,17 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
     if errors:
         lines += ["", "failed or errored (not on budgets):"]
         lines += [f"  {t['nodeid'].split('::')[-1]}: {t['error'].splitlines()[-1][:200]}" for t in errors]
+    decoding = [t for t in report["tests"] if "decode_bandwidth_fraction_of_peak" in (t.get("estimates") or {})]
+    if decoding:  # needs the device's peak bandwidth: CUDA with NVML
+        from .render_markdown import format_estimate
+
+        peak = format_estimate("peak_bytes_s", report["environment"].get("gpu_memory_bandwidth_bytes_s"))
+        lines += ["", f"decode efficiency (estimate: weights + KV cache read per step / TPOT, against {peak} peak):"]
+        lines += [f"  {t['nodeid'].split('::')[-1]}: "
+                  f"{format_estimate('decode_bytes_per_step', t['estimates']['decode_bytes_per_step'])} per step, "
+                  f"{format_estimate('decode_bandwidth_bytes_s', t['estimates']['decode_bandwidth_bytes_s'])} = "
+                  f"{format_estimate('fraction', t['estimates']['decode_bandwidth_fraction_of_peak'])} of peak"
+                  for t in decoding]
     noted = [t for t in report["tests"] if t.get("notes")]
     if noted:
         lines += ["", "notes:"]

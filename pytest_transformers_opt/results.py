@@ -75,6 +75,7 @@ class OptResult:
     remeasure: Callable[[], "OptResult"] | None = field(default=None, repr=False, compare=False)
     confirmed: bool = False  # a speed budget failed once and was measured again
     notes: list[str] = field(default_factory=list)  # how figures were obtained, where it differs
+    estimates: dict[str, float] = field(default_factory=dict)  # modelled figures, never beside measured ones
 
     @property
     def speedup(self) -> float | None:
@@ -110,4 +111,5 @@ class OptResult:
             "budgets": [c.to_dict() for c in self.budgets],
             "failed_budgets": self.failed_budgets,
             "notes": list(self.notes),
+            "estimates": {k: v for k, v in self.estimates.items() if math.isfinite(v)},
         }

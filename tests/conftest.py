@@ -29,6 +29,7 @@ import hqq  # noqa: E402,F401
 import accelerate  # noqa: E402,F401
 
 from pytest_transformers_opt import tiny_models  # noqa: E402
+from pytest_transformers_opt.report_validation import validate_report  # noqa: E402
 
 # Resolved now, before pytester points HOME at a temporary folder: inner runs use the real cache
 # of built-in models instead of training a fresh one each.
@@ -61,7 +62,10 @@ class UserRun:
 
     @property
     def report(self) -> dict[str, Any]:
-        return json.loads(self.report_path.read_text())
+        """The run's JSON report, checked against the package's JSON Schema (every test that reads one)."""
+        report = json.loads(self.report_path.read_text())
+        validate_report(report)
+        return report
 
     def test(self, name: str) -> dict[str, Any]:
         for entry in self.report["tests"]:
