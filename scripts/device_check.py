@@ -250,13 +250,13 @@ def table(report: dict[str, Any] | None, width: int = 72, interrupted: bool = Fa
     for entry in (report or {}).get("tests", []):
         entries[entry["nodeid"].rsplit("::test_", 1)[-1]] = entry
     rows = [["technique", "outcome / skip reason", "TTFT ms opt/base", "TPOT ms opt/base", "peak memory opt/base",
-             "speedup", "KL / top-1"]]
+             "speedup", "KL / top-1", "decode GB/s (estimate)"]]
     notes: list[str] = []
     for name, _ in TECHNIQUES:
         label = LABELS.get(name, name)
         entry = entries.get(name)
         if entry is None:
-            rows.append([label, "not run (time limit or crash)", "-", "-", "-", "-", "-"])
+            rows.append([label, "not run (time limit or crash)", "-", "-", "-", "-", "-", "-"])
             continue
         base, opt = entry.get("baseline") or {}, entry.get("optimized") or {}
         sim = entry.get("similarity") or {}
@@ -280,8 +280,16 @@ def table(report: dict[str, Any] | None, width: int = 72, interrupted: bool = Fa
         rows.append([label, _short(outcome_text, width), _pair(opt.get("ttft_s"), base.get("ttft_s"), _ms),
                      _pair(opt.get("tpot_s"), base.get("tpot_s"), _ms),
                      _pair(opt.get("peak_memory_bytes"), base.get("peak_memory_bytes"), _bytes),
-                     "-" if speedup is None else f"{speedup:.2f}x", similarity])
+                     "-" if speedup is None else f"{speedup:.2f}x", similarity, _decode(entry.get("estimates") or {})])
     return rows, notes
+
+
+def _decode(estimates: dict[str, Any]) -> str:
+    """Bytes one decode step reads over TPOT, and that share of the GPU's peak bandwidth (an estimate)."""
+    achieved, share = estimates.get("decode_bandwidth_bytes_s"), estimates.get("decode_bandwidth_fraction_of_peak")
+    if achieved is None:
+        return "-"
+    return f"{achieved / 1e9:.3g}" + ("" if share is None else f" ({share * 100:.0f}% of peak)")
 
 
 def render(rows: list[list[str]]) -> list[str]:

@@ -1,0 +1,61 @@
+"""scripts/device_check.py: its table from a real report (the GPU run itself needs a GPU machine)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "device_check.py"
+
+
+@pytest.fixture(scope="module")
+def device_check() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["device_check"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_table_has_a_row_per_gpu_technique_with_figures_skip_reasons_and_gaps(run_user, device_check):
+    run = run_user('''
+import pytest
+
+@pytest.mark.optimization("sdpa")
+def test_sdpa(opt_bench):
+    opt_bench(max_new_tokens=4)
+
+@pytest.mark.optimization("flash_attention_2")
+def test_flash_attention_2(opt_bench):
+    opt_bench(max_new_tokens=4)
+''')
+    run.result.assert_outcomes(passed=1, skipped=1)
+    report = run.report
+    rows, notes = device_check.table(report, width=40)
+    header, body = rows[0], {row[0]: row for row in rows[1:]}
+    assert header[:2] == ["technique", "outcome / skip reason"] and header[-1] == "decode GB/s (estimate)"
+    assert list(body) == [device_check.LABELS.get(name, name) for name, _ in device_check.TECHNIQUES]
+    sdpa = body["sdpa"]
+    entry = run.test("test_sdpa")
+    assert sdpa[1] == "passed"
+    assert sdpa[2] == f"{entry['optimized']['ttft_s'] * 1e3:.1f} / {entry['baseline']['ttft_s'] * 1e3:.1f}"
+    assert sdpa[5] == f"{entry['speedup']:.2f}x"
+    assert sdpa[7] == f"{entry['estimates']['decode_bandwidth_bytes_s'] / 1e9:.3g}"  # no peak on CPU
+    flash = body["flash_attention_2"]
+    assert flash[1].startswith("skipped: flash_attention_2 needs") and flash[1].endswith("...") and len(flash[1]) == 40
+    assert any(n.endswith("compute capability >= 8.0; found: cpu") for n in notes)  # the full reason
+    assert body["compile"][1] == "not run (time limit or crash)"
+    lines = device_check.render(rows)
+    assert len({len(line) for line in lines}) == 1  # aligned columns
+    assert "cpu" in device_check.environment_line(report)
+
+
+def test_decode_column_shows_the_share_of_peak_on_a_gpu(device_check):
+    assert device_check._decode({"decode_bandwidth_bytes_s": 2.4e12, "decode_bandwidth_fraction_of_peak": 0.5}) \
+        == "2.4e+03 (50% of peak)"
+    assert device_check._decode({}) == "-"
