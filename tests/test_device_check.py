@@ -51,7 +51,11 @@ def test_flash_attention_2(opt_bench):
     assert any(n.endswith("compute capability >= 8.0; found: cpu") for n in notes)  # the full reason
     assert body["compile"][1] == "not run (time limit or crash)"
     lines = device_check.render(rows)
-    assert len({len(line) for line in lines}) == 1  # aligned columns
+    # aligned columns: every row's separators sit where the rule's crossings are
+    crossings = [i for i, c in enumerate(lines[1]) if c == "+"]
+    assert len(crossings) == len(header) - 1
+    for line in lines[:1] + lines[2:]:
+        assert [i for i, c in enumerate(line) if c == "|"][:len(crossings)] == crossings, line
     assert "cpu" in device_check.environment_line(report)
 
 
