@@ -329,6 +329,12 @@ def test_among_passing_runs_the_one_furthest_along_decides():
     slower = _record(nodeid="test_c.py::test_slow", techniques=["sdpa"], outcome="passed", failed_budgets=[],
                      speedup=1.1)
     assert advise_from_report(_report(slower, faster)).why[0].startswith("Measured run test_b.py::test_fast:")
+    # compile carries its static cache: as far along as static_cache + sdpa, and here faster
+    compiled = _record(nodeid="test_d.py::test_compiled", techniques=["compile"], outcome="passed",
+                       failed_budgets=[], speedup=1.46)
+    cache_sdpa = _record(nodeid="test_e.py::test_cache_sdpa", techniques=["static_cache", "sdpa"], outcome="passed",
+                         failed_budgets=[], speedup=1.02)
+    assert advise_from_report(_report(cache_sdpa, compiled)).why[0].startswith("Measured run test_d.py::test_compiled:")
 
 
 def test_continuous_batching_replaces_compile_and_static_cache():

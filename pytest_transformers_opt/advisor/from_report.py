@@ -129,7 +129,7 @@ def _budget_limit(test: dict[str, Any], name: str) -> float | None:
 
 def _pick_test(tests: list[dict[str, Any]], model: str | None) -> tuple[dict[str, Any] | None, list[str]]:
     """The record that decides the next step: the first failure, else the passing run furthest along
-    (most techniques stacked; then the best speedup, then the smallest memory ratio)."""
+    (most technique families stacked; then the best speedup, then the smallest memory ratio)."""
     notes: list[str] = []
     if model:
         same = [t for t in tests if (t.get("model") or {}).get("name_or_path") in (model, Path(model).name)
@@ -145,7 +145,10 @@ def _pick_test(tests: list[dict[str, Any]], model: str | None) -> tuple[dict[str
     if ran:
         def progress(test: dict[str, Any]) -> tuple[int, float, float]:
             speedup, ratio = test.get("speedup"), test.get("memory_ratio")
-            return (len(test.get("techniques") or []),
+            families = {parse_technique(str(t)).family for t in test.get("techniques") or []}
+            if "compile" in families:
+                families.add("cache")  # compile brings its static cache with it
+            return (len(families),
                     speedup if isinstance(speedup, (int, float)) else 0.0,
                     -ratio if isinstance(ratio, (int, float)) else float("-inf"))
         return max(ran, key=progress), notes
