@@ -248,6 +248,8 @@ def load_model(request: ModelRequest, path: str, load_techniques: list[Technique
     with track_peak_memory(device) as reading:
         model = AutoModelForCausalLM.from_pretrained(path, **settings.kwargs)
         model.eval()
+        for technique in load_techniques:
+            technique.after_load(model)
         # Weights whose dtype matches the checkpoint stay memory-mapped until touched: one forward
         # pass makes them resident, so the peak covers what generation will really hold.
         with torch.inference_mode():

@@ -38,12 +38,14 @@ _MODEL_CACHE = str(tiny_models.cache_root())
 
 @pytest.fixture(autouse=True)
 def _hermetic_inner_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Inner pytest runs use the real model cache, see no PYTEST_OPT_* variable from outside, and run
+    """Inner pytest runs use the real model cache, see no PYTEST_OPT_* or PYTEST_XDIST_* variable from outside, and run
     torch on one thread (the tiny models gain nothing from more; on 2 shared cores spinning threads
     make each run several times slower)."""
     monkeypatch.setenv(tiny_models.CACHE_ENV, _MODEL_CACHE)
     for key in list(os.environ):
-        if key.startswith("PYTEST_OPT_"):
+        # PYTEST_XDIST_*: under `pytest -n 2` this process is a worker, the inner run is not (pytest-benchmark
+        # would take it for one and disable itself)
+        if key.startswith(("PYTEST_OPT_", "PYTEST_XDIST_")):
             monkeypatch.delenv(key)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

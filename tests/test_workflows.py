@@ -128,6 +128,9 @@ def test_cpu_workflow_installs_cpu_torch_then_the_test_extra_and_runs_pytest() -
     assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in runs[torch]
     assert "pip install -e \".[test]\"" in runs[extra]
     assert runs[tests].strip() == "pytest tests -q"
+    kernels = next(step for step in steps if "scripts/kernels_env.sh" in str(step.get("run", "")))
+    assert kernels["env"]["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"  # never the CUDA build
+    assert steps.index(kernels) > next(i for i, step in enumerate(steps) if str(step.get("run", "")).strip() == runs[tests])
 
 
 # --------------------------------------------------------------------------- gpu-gate.yml

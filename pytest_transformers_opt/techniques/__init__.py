@@ -6,6 +6,7 @@ bad one is that test's error and never breaks collection.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .base import (GenerationSettings, LoadSettings, ProbeContext, RunEvidence, Technique, TechniqueRegistry,
@@ -54,8 +55,15 @@ def hub_kernel(repo_id: str) -> TechniqueSpec:
     return TechniqueSpec.of(repo_id)
 
 
-def kernels() -> TechniqueSpec:
-    return TechniqueSpec.of("kernels")
+def kernels(local: Any = None, layers: Any = None) -> TechniqueSpec:
+    """Hub layer kernels (``use_kernels=True``); with ``local`` (a kernel repository folder) the layers named in
+    ``layers`` ({transformers layer name: class in the kernel's ``layers`` module}) from that local build."""
+    params: dict[str, Any] = {}
+    if local is not None:
+        params["local"] = os.fspath(local) if isinstance(local, os.PathLike) else local
+    if layers is not None:
+        params["layers"] = layers
+    return TechniqueSpec.of("kernels", **params)
 
 
 def compile(**options: Any) -> TechniqueSpec:  # noqa: A001 - the catalogue name is fixed

@@ -122,6 +122,10 @@ class Technique:
     def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:
         """Add ``generate`` arguments."""
 
+    def after_load(self, model: Any) -> None:
+        """Change the model right after ``from_pretrained``, inside the load's time and memory (e.g. swap
+        in kernels); raise to fail the test."""
+
     def around_generate(self, model: Any) -> ContextManager[Any]:
         """A context entered around every generate call of this configuration (flags, hooks, profilers)."""
         return contextlib.nullcontext()

@@ -6,7 +6,9 @@ ran (``verify_*``), how lossy it is (``quality``) and where it is documented (``
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import contextlib
+from pathlib import Path
+from typing import Any, ClassVar, Iterator
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -213,27 +215,110 @@ class HubKernelAttention(AttentionBackend):
 
 
 class Kernels(Technique):
+    """Hub layer kernels (``use_kernels=True``), or with ``local=`` the layers of a kernel build in a folder.
+
+    ``techniques.kernels(local="vendor/rms-norm", layers={"RMSNorm": "RMSNorm"})`` replaces the forward of every
+    layer registered as ``RMSNorm`` (``use_kernel_forward_from_hub("RMSNorm")``, e.g. LlamaRMSNorm) by the class
+    ``RMSNorm`` of the kernel's ``layers`` module, on the model's device; see ``local_kernels`` for why through
+    ``kernels.kernelize`` right after load.
+    """
+
     name = "kernels"
     family = "kernels"
     load_time = True
-    summary = "hub kernels for layers (use_kernels=True) through the kernels library"
-    requirement = "the kernels package in the version window transformers demands, a CUDA GPU, kernels cached locally"
+    summary = "hub kernels for layers (use_kernels=True), or a local kernel build (local=, layers=)"
+    requirement = ("the kernels package in the version window transformers demands; hub kernels: a CUDA GPU and "
+                   "the kernels cached locally; local=: a build of the kernel for this device (torch-cpu on cpu)")
     docs = f"{DOCS}/kernel_doc/overview"
+    accepted_params = {"local": "path of a local kernel repository (build/<variant>/metadata.json + package), "
+                                "absolute or relative to the current directory",
+                       "layers": "{transformers layer name: layer class in the kernel's `layers` module}, "
+                                 "e.g. {'RMSNorm': 'RMSNorm'}; with local="}
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        from . import local_kernels
+
+        self._root: Path | None = None
+        self._layers: dict[str, str] = {}
+        self._last_calls: int | None = None  # kernel forward calls in the latest generate (local=)
+        if "layers" in params and "local" not in params:
+            raise OptConfigError("technique kernels: layers= names layers of a local kernel; give local= too "
+                                 "(hub kernels use transformers' own mapping)")
+        if "local" in params:
+            if "layers" not in params:
+                raise OptConfigError("technique kernels: local= needs layers={transformers layer name: layer class "
+                                     "in the kernel's `layers` module}, e.g. layers={'RMSNorm': 'RMSNorm'}")
+            self._layers = local_kernels.normalise_layers(params["layers"])
+            self._root = local_kernels.check_local_folder(params["local"])  # config error: missing / no build
+
+    def _what(self) -> str:
+        return f"kernels(local={str(self.params['local'])!r})" if self._root else "kernels"
 
     def probe(self, ctx: ProbeContext) -> str | None:
         problem = _kernels_problem()
         if problem:
-            return f"kernels needs {problem}"
+            return f"{self._what()} needs {problem}"
+        if self._root is not None:  # no CUDA requirement: a build for this device will do
+            from .local_kernels import build_problem
+
+            return build_problem(self._root, ctx.hardware.device_type, self._what())
         if not ctx.hardware.is_cuda:
             return f"kernels needs a CUDA GPU for the hub's layer kernels; found: {ctx.hardware.describe()}"
         return None
 
     def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
-        load.kwargs["use_kernels"] = True
+        if self._root is None:
+            load.kwargs["use_kernels"] = True
+
+    def after_load(self, model: Any) -> None:
+        if self._root is not None:
+            from .local_kernels import kernelize_local
+
+            kernelize_local(model, self._root, self._layers)
 
     def verify_loaded(self, model: Any) -> str | None:
-        if not getattr(model, "use_kernels", False):
-            return "kernels was requested but the model reports use_kernels=False"
+        if self._root is None:
+            if not getattr(model, "use_kernels", False):
+                return "kernels was requested but the model reports use_kernels=False"
+            return None
+        from .local_kernels import fallback_layers, kernel_forwards
+
+        forwards = kernel_forwards(model)
+        if not forwards:
+            return f"{self._what()}: the loaded model was not kernelized"
+        missing = fallback_layers(model, forwards)
+        if missing:
+            return f"{self._what()}: these layers kept a forward other than the kernel's: {', '.join(missing)}"
+        return None
+
+    @contextlib.contextmanager
+    def around_generate(self, model: Any) -> Iterator[None]:
+        from .local_kernels import count_kernel_calls, kernel_forwards
+
+        forwards = kernel_forwards(model)
+        if self._root is None or forwards is None:
+            yield
+            return
+        calls = [0]
+        try:
+            with count_kernel_calls(model, forwards, calls):
+                yield
+        finally:
+            self._last_calls = calls[0]
+
+    def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
+        if self._root is None:
+            return None
+        from .local_kernels import fallback_layers, kernel_forwards
+
+        forwards = kernel_forwards(model) or {}
+        missing = fallback_layers(model, forwards)
+        if not forwards or missing:
+            return f"{self._what()}: these layers do not run the kernel's forward: {', '.join(missing) or 'all'}"
+        if not self._last_calls and not evidence.compiled_calls:  # inside a compiled graph calls are not seen
+            return (f"{self._what()}: the kernel's layers ({', '.join(sorted(self._layers.values()))}) never ran "
+                    f"during generation")
         return None
 
 
