@@ -131,6 +131,7 @@ def _side(timings: Timings, *, peak: int | None, load_time: float | None, texts:
         recompiles=recompiles, warmup_s=list(timings.warmup_s), latency_samples_s=timings.latency_samples(),
         memory_method=memory.method if memory else memory_method,
         device_memory_used_bytes=memory.device_used_bytes if memory else None,
+        reserved_memory_bytes=memory.reserved_peak_delta_bytes if memory else None,
     )
 
 

@@ -70,6 +70,7 @@ class PeakReading:
     resident_delta_bytes: int | None = None  # still held when the region ended
     method: str = ""
     device_used_bytes: int | None = None  # NVML: memory in use on the device at the peak reading
+    reserved_peak_delta_bytes: int | None = None  # CUDA: the caching allocator's reserved peak (fragmentation shows here)
 
 
 class _RssSampler:
@@ -123,12 +124,14 @@ def track_peak_memory(device: str) -> Iterator[PeakReading]:
         synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
+        reserved_before = torch.cuda.memory_reserved(device)
         try:
             yield reading
         finally:
             synchronize(device)
             reading.peak_delta_bytes = int(torch.cuda.max_memory_allocated(device) - before)
             reading.resident_delta_bytes = int(torch.cuda.memory_allocated(device) - before)
+            reading.reserved_peak_delta_bytes = int(torch.cuda.max_memory_reserved(device) - reserved_before)
             reading.device_used_bytes = _nvml_used_bytes(device)
             reading.method = "torch.cuda.max_memory_allocated"
         return

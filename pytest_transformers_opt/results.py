@@ -54,6 +54,7 @@ class SideMetrics:
     latency_samples_s: list[float] = field(default_factory=list)
     memory_method: str = ""
     device_memory_used_bytes: int | None = None  # CUDA: NVML's figure, including memory torch does not see
+    reserved_memory_bytes: int | None = None  # CUDA: peak the caching allocator reserved during generation
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
