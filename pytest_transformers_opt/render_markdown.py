@@ -351,6 +351,14 @@ def skipped_groups(report: Mapping[str, Any]) -> list[tuple[str, list[dict[str, 
     return sorted(groups.items(), key=lambda item: (-len(item[1]), order[item[0]]))
 
 
+# Readable names of the estimates the plugin writes; a hook's own keep their key.
+ESTIMATE_LABELS = {
+    "decode_bytes_per_step": "bytes one decode step reads (weights + KV cache)",
+    "decode_bandwidth_bytes_s": "decode bandwidth (those bytes / TPOT)",
+    "decode_bandwidth_fraction_of_peak": "decode bandwidth, share of the GPU's peak",
+}
+
+
 def estimate_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
     rows = []
     for test in sort_tests(_tests(report)):
@@ -358,7 +366,7 @@ def estimate_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
         if not isinstance(estimates, dict):
             continue
         for name, value in estimates.items():
-            rows.append({"test": str(test.get("nodeid")), "figure": str(name), "value": format_estimate(name, value)})
+            rows.append({"test": str(test.get("nodeid")), "figure": ESTIMATE_LABELS.get(str(name), str(name)), "value": format_estimate(name, value)})
     return rows
 
 

@@ -148,6 +148,10 @@ def test_sdpa(opt_bench):
     assert "decode_bandwidth_bytes_s" not in entry["optimized"]  # never beside the measured figures
     assert "decode efficiency" not in run.result.stdout.str()
 
+    markdown = run.report_path.with_name("report.md")
+    run_user(source, f"--opt-report-md={markdown}")
+    assert "| `test_user.py::test_sdpa` | decode bandwidth (those bytes / TPOT) | " in markdown.read_text()
+
     with_peak = run_user(source, "--opt-report", conftest=FAKE_PEAK)
     entry = with_peak.test("test_sdpa")
     assert entry["estimates"]["decode_bandwidth_fraction_of_peak"] == pytest.approx(
