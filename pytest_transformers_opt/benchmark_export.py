@@ -122,8 +122,17 @@ class BenchmarkExport:
         output_json.setdefault("benchmarks", []).extend(benchmark_entries(all_entries(self.session)))
         self.added_to_its_output = True
 
-    def finish(self) -> None:
-        """After pytest-benchmark's own saving: write its files ourselves where it wrote none."""
+    def finish(self, exit_status: int) -> int:
+        """After pytest-benchmark's own saving: write its files ourselves where it wrote none. A file that
+        cannot be written is said on the terminal and fails the run; the session and the reports stand."""
+        try:
+            self._write_where_it_wrote_none()
+        except OSError as exc:
+            _StorageLog(self.config).info(f"ERROR: could not write the pytest-benchmark data: {exc}")
+            return pytest.ExitCode.TESTS_FAILED if exit_status == pytest.ExitCode.OK else exit_status
+        return exit_status
+
+    def _write_where_it_wrote_none(self) -> None:
         config = self.config
         json_path = config.getoption("benchmark_json", None)
         save_name = config.getoption("benchmark_save", None) or config.getoption("benchmark_autosave", None)

@@ -105,5 +105,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = ReportWriter(opt_session).finish(session.exitstatus)
         export = session.config.pluginmanager.get_plugin(BENCHMARK_EXPORT)
         if export is not None:
-            export.finish()  # pytest-benchmark's own saving ran before this hook
+            session.exitstatus = export.finish(session.exitstatus)  # pytest-benchmark's own saving ran before
         opt_session.close()

@@ -132,6 +132,15 @@ def test_benchmark_disable_writes_nothing(run_user, pytester):
     assert not (pytester.path / "bench.json").exists()
 
 
+def test_an_unwritable_benchmark_storage_fails_the_run_cleanly(run_user, pytester):
+    blocked = pytester.path / "not-a-folder"
+    blocked.write_text("a file where the storage folder would go")
+    run = run_user(USER_TESTS, f"--benchmark-storage={blocked}", "--benchmark-save=run1", "-k", "sdpa")
+    assert run.result.ret == pytest.ExitCode.TESTS_FAILED
+    run.result.stdout.fnmatch_lines(["*transformers-opt: ERROR: could not write the pytest-benchmark data: *"])
+    assert run.test("test_sdpa")["outcome"] == "passed"  # the opt report was written all the same
+
+
 def test_unwritable_benchmark_json_is_a_usage_error(run_user, pytester):
     run = run_user(USER_TESTS, f"--benchmark-json={pytester.path / 'missing' / 'bench.json'}")
     assert run.result.ret == pytest.ExitCode.USAGE_ERROR
