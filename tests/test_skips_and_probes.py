@@ -108,8 +108,24 @@ def test_kernels_probe_names_the_version_window(monkeypatch):
     assert reason == "kernels needs kernels >=0.18.2,<0.19 (demanded by transformers 5.24.0); found: kernels 0.17.2"
     versions["kernels"] = "0.18.3"
     assert _probe("kernels", _ctx(**CUDA, compute_capability=(9, 0))) is None
-    assert _probe("kernels-community/flash-attn2", _ctx(**CUDA, compute_capability=(9, 0))) is None
     assert "needs a CUDA GPU" in _probe("kernels-community/flash-attn2", _ctx())
+
+
+def test_hub_kernel_probe_needs_the_kernel_in_the_local_cache(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(catalogue, "_kernels_problem", lambda: None)  # the package window is tested above
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    hopper = _ctx(**CUDA, compute_capability=(9, 0))
+    assert _probe("kernels-community/flash-attn2", hopper) == (
+        f"kernels-community/flash-attn2 needs the kernel kernels-community/flash-attn2 in the local Hugging Face "
+        f"cache (runners are often offline); found: not in {tmp_path} (fetch it once with "
+        f"`hf download kernels-community/flash-attn2`)")
+    snapshot = tmp_path / "models--kernels-community--flash-attn2" / "snapshots"
+    snapshot.mkdir(parents=True)
+    assert "not in" in _probe("kernels-community/flash-attn2", hopper)  # an empty download is not a kernel
+    (snapshot / "0123abc").mkdir()
+    assert _probe("kernels-community/flash-attn2", hopper) is None
 
 
 def test_offload_tp_and_bnb_probes_on_faked_hardware():

@@ -7,6 +7,7 @@ ran (``verify_*``), how lossy it is (``quality``) and where it is documented (``
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
@@ -67,6 +68,23 @@ def _kernels_problem() -> str | None:
     if window not in ("any", "unknown") and not _version_ok(installed, window):
         return f"kernels {window} (demanded by transformers {transformers_version}); found: kernels {installed}"
     return None
+
+
+def hub_cache_problem(repo_id: str) -> str | None:
+    """Hub kernels load from the Hugging Face cache, and GPU CI runners are often offline: a kernel that
+    is not cached is a skip that says how to fetch it, not a failed download mid-test."""
+    try:
+        from huggingface_hub import constants
+
+        cache = Path(constants.HF_HUB_CACHE)
+    except Exception:  # huggingface_hub comes with transformers; this is only a fallback
+        cache = Path(os.environ.get("HF_HUB_CACHE") or Path.home() / ".cache" / "huggingface" / "hub")
+    repo = repo_id.split("@")[0].split(":")[0]  # "org/name@rev" or "org/name:layer" name the same repo
+    snapshots = cache / f"models--{repo.replace('/', '--')}" / "snapshots"
+    if snapshots.is_dir() and any(snapshots.iterdir()):
+        return None
+    return (f"the kernel {repo} in the local Hugging Face cache (runners are often offline); found: not in "
+            f"{cache} (fetch it once with `hf download {repo}`)")
 
 
 # --- attention backends -------------------------------------------------------------------------
@@ -198,7 +216,8 @@ class HubKernelAttention(AttentionBackend):
             return f"{self.impl} needs {problem}"
         if not ctx.hardware.is_cuda:
             return f"{self.impl} needs a CUDA GPU; found: {ctx.hardware.describe()}"
-        return None
+        problem = hub_cache_problem(self.impl)
+        return f"{self.impl} needs {problem}" if problem else None
 
     def verify_loaded(self, model: Any) -> str | None:
         actual = str(getattr(model.config, "_attn_implementation", ""))
