@@ -11,3 +11,5 @@ python3 -m venv .venv-kernels
 .venv-kernels/bin/pip install -q torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 .venv-kernels/bin/pip install -q -e ".[test]" "transformers>=5.20,<5.23" "kernels==0.17.2"
 .venv-kernels/bin/python -m pytest tests/test_local_kernels.py -q "$@"
+# the example project's vendored kernel, as a team's CI would run it
+(cd example_project && ../.venv-kernels/bin/python -m pytest tests/test_vendored_kernels.py -q -p no:cacheprovider)
