@@ -154,3 +154,9 @@ def test_unwritable_benchmark_json_is_a_usage_error(run_user, pytester):
 ])
 def test_side_names_follow_pytests_parameter_ids(nodeid, side, expected):
     assert side_name(nodeid, side) == expected
+
+
+def test_runs_without_pytest_benchmark(run_user):
+    run = run_user(USER_TESTS, "-p", "no:benchmark", "-k", "sdpa")
+    run.result.assert_outcomes(passed=1, deselected=2)
+    assert run.test("test_sdpa")["optimized"]["latency_samples_s"]
