@@ -437,8 +437,9 @@ th, td { padding: 5px 7px; border-bottom: 1px solid var(--line); text-align: lef
 th { background: var(--panel); font-weight: 600; }
 td.num { white-space: nowrap; font-variant-numeric: tabular-nums; }
 td.test { min-width: 13em; } td.test code { overflow-wrap: anywhere; }
-td.test .techniques { display: block; color: var(--muted); margin-top: 2px; }
-td .reason { display: block; font-weight: 400; font-size: 11.5px; color: var(--muted); white-space: normal; }
+td.test .techniques { display: block; color: var(--muted); margin-top: 2px; overflow-wrap: anywhere; }
+td .reason { display: block; font-weight: 400; font-size: 11.5px; color: var(--muted); white-space: normal;
+             overflow-wrap: anywhere; }
 td.outcome-skipped { min-width: 10em; }
 td.regression { min-width: 8em; }
 td.pair span { display: block; } td.pair .base { color: var(--muted); }

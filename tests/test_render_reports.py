@@ -653,3 +653,23 @@ def test_report_dicts_are_not_modified_by_rendering() -> None:
     render_markdown(report)
     render_html(report)
     assert report == before
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian package chromium) at /usr/bin/chromium")
+def test_html_results_table_fits_a_laptop_screen_with_long_unbroken_labels(tmp_path: Path) -> None:
+    """A vendored kernel's absolute path is one long word: it must wrap, not push Top-1 off the screen."""
+    report = sample_report()
+    path = "/home/ci/work/" + "deep-folder-name/" * 6 + "vendor/rms-norm"
+    report["tests"][0]["techniques"] = [f"kernels(layers={{'RMSNorm': 'RMSNorm'}}, local='{path}')"]
+    report["tests"][2]["skip_reason"] = f"kernels(local='{path}') needs the kernels package; found: not installed"
+    # test-side probe: after layout, record whether any table scrolls sideways
+    probe = ("<script>window.addEventListener('load', () => { document.body.setAttribute('data-overflow', "
+             "[...document.querySelectorAll('.table-wrap')].some(w => w.scrollWidth > w.clientWidth + 1)); });"
+             "</script>")
+    page = tmp_path / "opt-report.html"
+    page.write_text(render_html(report).replace("</body>", probe + "</body>"), encoding="utf-8")
+    dumped = subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,2000",
+                             f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    assert 'data-overflow="false"' in dumped.stdout
