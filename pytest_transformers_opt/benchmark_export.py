@@ -109,28 +109,35 @@ class BenchmarkExport:
         self.session = session
         self.config = session.config
         self.added_to_its_output = False
+        self._entries: list[dict[str, Any]] | None = None
         json_path = self.config.getoption("benchmark_json", None)
         if json_path is not None:
             from .options import check_writable
 
             check_writable(Path(json_path), "--benchmark-json")
 
+    def entries(self) -> list[dict[str, Any]]:
+        """Built once, at session end (every test, xdist workers' included, has reported by then)."""
+        if self._entries is None:
+            self._entries = benchmark_entries(all_entries(self.session))
+        return self._entries
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_benchmark_update_json(self, config: pytest.Config, benchmarks: Any, output_json: dict[str, Any]) -> None:
         if self.session.is_xdist_worker:
             return
-        output_json.setdefault("benchmarks", []).extend(benchmark_entries(all_entries(self.session)))
+        output_json.setdefault("benchmarks", []).extend(self.entries())
         self.added_to_its_output = True
 
-    def finish(self, exit_status: int) -> int:
-        """After pytest-benchmark's own saving: write its files ourselves where it wrote none. A file that
-        cannot be written is said on the terminal and fails the run; the session and the reports stand."""
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Runs after pytest-benchmark saved (its hook wrapper saves before any plain implementation). A
+        file that cannot be written is said on the terminal and fails the run; the reports stand."""
         try:
             self._write_where_it_wrote_none()
         except OSError as exc:
             _StorageLog(self.config).info(f"ERROR: could not write the pytest-benchmark data: {exc}")
-            return pytest.ExitCode.TESTS_FAILED if exit_status == pytest.ExitCode.OK else exit_status
-        return exit_status
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _write_where_it_wrote_none(self) -> None:
         config = self.config
@@ -140,7 +147,7 @@ class BenchmarkExport:
         if (self.added_to_its_output or self.session.is_xdist_worker or explicitly_disabled
                 or not (json_path or save_name)):
             return
-        if not benchmark_entries(all_entries(self.session)):
+        if not self.entries():
             return
         hook = config.hook
         machine_info = hook.pytest_benchmark_generate_machine_info(config=config)

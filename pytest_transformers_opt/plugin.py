@@ -103,7 +103,4 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if opt_session.is_xdist_worker:
             session.config.workeroutput["opt_report_entries"] = record_entries(opt_session)  # type: ignore[attr-defined]
         session.exitstatus = ReportWriter(opt_session).finish(session.exitstatus)
-        export = session.config.pluginmanager.get_plugin(BENCHMARK_EXPORT)
-        if export is not None:
-            session.exitstatus = export.finish(session.exitstatus)  # pytest-benchmark's own saving ran before
         opt_session.close()

@@ -107,6 +107,12 @@ def format_memory(value: Any) -> str:
     return _non_finite(number) or format_bytes(number)
 
 
+def format_rate(value: Any) -> str:
+    """Bytes per second: ``1.83 GiB/s``."""
+    text = format_memory(value)
+    return text if text == MISSING else f"{text}/s"
+
+
 def format_times(value: Any) -> str:
     """A ratio such as a speedup: ``1.23x``."""
     number = _number(value)
@@ -171,8 +177,7 @@ def format_estimate(name: str, value: Any) -> str:
     """An estimated figure, formatted from its name (``*_bytes_s``, ``*bytes*``, ``*_tok_s``, ``*_s``,
     ``*fraction*``, ``*ratio*``)."""
     if name.endswith("_bytes_s"):
-        text = format_memory(value)
-        return text if text == MISSING else f"{text}/s"
+        return format_rate(value)
     if "fraction" in name:
         return format_percent(value)
     if "bytes" in name:
@@ -394,7 +399,7 @@ def _plain_value(key: str, value: Any) -> str:
     if key.endswith("_bytes"):
         return format_memory(value)
     if key.endswith("_bytes_s"):
-        return f"{format_memory(value)}/s"
+        return format_rate(value)
     if isinstance(value, dict):
         return ", ".join(f"{k} {MISSING if v is None else _one_line(str(v))}" for k, v in value.items()) or MISSING
     if isinstance(value, (list, tuple)):

@@ -160,15 +160,13 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
         lines += [f"  {t['nodeid'].split('::')[-1]}: {t['error'].splitlines()[-1][:200]}" for t in errors]
     decoding = [t for t in report["tests"] if "decode_bandwidth_fraction_of_peak" in (t.get("estimates") or {})]
     if decoding:  # needs the device's peak bandwidth: CUDA with NVML
-        from .render_markdown import format_estimate
+        from .render_markdown import format_memory, format_percent, format_rate
 
-        peak = format_estimate("peak_bytes_s", report["environment"].get("gpu_memory_bandwidth_bytes_s"))
+        peak = format_rate(report["environment"].get("gpu_memory_bandwidth_bytes_s"))
         lines += ["", f"decode efficiency (estimate: weights + KV cache read per step / TPOT, against {peak} peak):"]
-        lines += [f"  {t['nodeid'].split('::')[-1]}: "
-                  f"{format_estimate('decode_bytes_per_step', t['estimates']['decode_bytes_per_step'])} per step, "
-                  f"{format_estimate('decode_bandwidth_bytes_s', t['estimates']['decode_bandwidth_bytes_s'])} = "
-                  f"{format_estimate('fraction', t['estimates']['decode_bandwidth_fraction_of_peak'])} of peak"
-                  for t in decoding]
+        lines += [f"  {t['nodeid'].split('::')[-1]}: {format_memory(t['estimates']['decode_bytes_per_step'])} per "
+                  f"step, {format_rate(t['estimates']['decode_bandwidth_bytes_s'])} = "
+                  f"{format_percent(t['estimates']['decode_bandwidth_fraction_of_peak'])} of peak" for t in decoding]
     noted = [t for t in report["tests"] if t.get("notes")]
     if noted:
         lines += ["", "notes:"]

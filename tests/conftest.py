@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -31,6 +32,8 @@ import accelerate  # noqa: E402,F401
 from pytest_transformers_opt import tiny_models  # noqa: E402
 from pytest_transformers_opt.report_validation import validate_report  # noqa: E402
 
+from model_shapes import LLAMA_8B  # noqa: E402  (tests/ is on sys.path: pytest's rootdir conftest import)
+
 # Resolved now, before pytester points HOME at a temporary folder: inner runs use the real cache
 # of built-in models instead of training a fresh one each.
 _MODEL_CACHE = str(tiny_models.cache_root())
@@ -53,6 +56,15 @@ def _hermetic_inner_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+@pytest.fixture()
+def model_dir(tmp_path: Path) -> str:
+    """A folder holding only Llama-3.1-8B's config.json: what the advisor reads (never weights)."""
+    folder = tmp_path / "llama-8b-shape"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_8B))
+    return str(folder)
+
+
 # Few rounds keep the suite quick on 2 cores; the figures are still real measurements.
 FAST_ARGS = ("-p", "no:cacheprovider", "--opt-rounds=2", "--opt-warmup=1")
 
@@ -62,9 +74,9 @@ class UserRun:
         self.result = result
         self.report_path = report_path
 
-    @property
+    @functools.cached_property
     def report(self) -> dict[str, Any]:
-        """The run's JSON report, checked against the package's JSON Schema (every test that reads one)."""
+        """The run's JSON report, checked against the package's JSON Schema (read and checked once)."""
         report = json.loads(self.report_path.read_text())
         validate_report(report)
         return report

@@ -15,19 +15,6 @@ from pytest_transformers_opt.advisor import UNVERIFIED
 from pytest_transformers_opt.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-LLAMA_8B = {
-    "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 14336, "vocab_size": 128256,
-    "tie_word_embeddings": False, "max_position_embeddings": 131072, "dtype": "bfloat16",
-}
-
-
-@pytest.fixture()
-def model_dir(tmp_path):
-    folder = tmp_path / "llama-8b-shape"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(LLAMA_8B))
-    return str(folder)
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

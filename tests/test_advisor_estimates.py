@@ -23,12 +23,8 @@ from pytest_transformers_opt.advisor.estimates import (
 from pytest_transformers_opt.advisor.model_config import ModelShape, load_model_shape
 from pytest_transformers_opt.errors import OptConfigError
 
-LLAMA_8B = {
-    "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 14336, "vocab_size": 128256,
-    "tie_word_embeddings": False, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
-    "dtype": "bfloat16",
-}
+from model_shapes import LLAMA_8B
+
 # By hand: embeddings 128256*4096 = 525,336,576 (and the same again for the untied lm_head);
 # per layer q 4096*4096 + k,v 2*4096*1024 + o 4096*4096 = 41,943,040, MLP 3*4096*14336 =
 # 176,160,768, two norms 8,192; 32 layers + the final norm (4,096).
@@ -39,16 +35,8 @@ OUT_ROWS_8B = 32 * (4096 + 1024 + 1024 + 4096 + 14336 + 14336 + 4096)
 
 
 @pytest.fixture()
-def llama8b_dir(tmp_path):
-    folder = tmp_path / "llama-8b-shape"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(LLAMA_8B))
-    return folder
-
-
-@pytest.fixture()
-def shape(llama8b_dir) -> ModelShape:
-    return load_model_shape(str(llama8b_dir))
+def shape(model_dir) -> ModelShape:
+    return load_model_shape(model_dir)
 
 
 def test_parameter_count_matches_hand_count(shape):
@@ -98,11 +86,11 @@ def test_cache_techniques(shape):
     assert short.device_bytes == kv_cache_bytes(shape, 100, 1, "bfloat16")
 
 
-def test_sliding_window_cache_caps_tokens(llama8b_dir):
+def test_sliding_window_cache_caps_tokens(model_dir):
     windowed = load_model_shape({**LLAMA_8B, "sliding_window": 4096})
     assert cache_estimate(windowed, "sliding_window_cache", 8192, 1, "bfloat16").device_bytes == \
         kv_cache_bytes(windowed, 4096, 1, "bfloat16")
-    no_window = load_model_shape(str(llama8b_dir))
+    no_window = load_model_shape(model_dir)
     assert cache_estimate(no_window, "sliding_window_cache", 8192, 1, "bfloat16").device_bytes == \
         kv_cache_bytes(no_window, 8192, 1, "bfloat16")
 
@@ -125,13 +113,13 @@ def test_peak_memory_is_the_sum_of_its_parts(shape):
     assert total == parts.weights + parts.kv_cache + parts.attention_scratch + parts.activations + parts.overhead
 
 
-def test_peak_memory_accepts_configs_and_report_strings(llama8b_dir, shape):
+def test_peak_memory_accepts_configs_and_report_strings(model_dir, shape):
     from transformers import LlamaConfig
 
     config = LlamaConfig(**{k: v for k, v in LLAMA_8B.items() if k != "model_type"})
     by_config = estimate_peak_memory(config, "bfloat16", ["sdpa"], 512, 128, 1)
     assert by_config == estimate_peak_memory(LLAMA_8B, "bfloat16", ["sdpa"], 512, 128, 1)
-    assert by_config == estimate_peak_memory(str(llama8b_dir), "bfloat16", ["sdpa"], 512, 128, 1)
+    assert by_config == estimate_peak_memory(model_dir, "bfloat16", ["sdpa"], 512, 128, 1)
     four = estimate_peak_memory(shape, "bfloat16", ["sdpa", "bnb_4bit"], 512, 128, 1)
     eight = estimate_peak_memory(shape, "bfloat16", ["sdpa", "bnb_8bit"], 512, 128, 1)
     quant_kv = estimate_peak_memory(shape, "bfloat16", ["sdpa", "quantized_cache(backend='quanto', nbits=4)"],

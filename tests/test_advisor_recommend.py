@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 
@@ -20,21 +19,8 @@ from pytest_transformers_opt.advisor.from_report import load_report, validate_re
 from pytest_transformers_opt.errors import OptConfigError
 
 GiB = 2**30
-LLAMA_8B = {
-    "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 14336, "vocab_size": 128256,
-    "tie_word_embeddings": False, "max_position_embeddings": 131072, "dtype": "bfloat16",
-}
 SECTIONS = ("Recommended change", "Configuration", "Why", "Supported by", "Expected tradeoffs",
             "Open compatibility questions", "Assumptions / questions to answer", "Validation")
-
-
-@pytest.fixture()
-def model_dir(tmp_path):
-    folder = tmp_path / "llama-8b-shape"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(LLAMA_8B))
-    return str(folder)
 
 
 def workload(model_dir: str, **kw) -> Workload:

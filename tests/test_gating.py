@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -17,7 +18,7 @@ def test_sdpa(opt_bench):
 
 def _scaled_report(run, factor: float, path) -> str:
     """The run's own report with the optimized latency scaled: a synthetic earlier run."""
-    report = run.report
+    report = copy.deepcopy(run.report)  # run.report is read once and shared
     for test in report["tests"]:
         for key in ("latency_s", "ttft_s", "tpot_s"):
             test["optimized"][key] *= factor

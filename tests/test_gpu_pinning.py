@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -331,14 +332,21 @@ def _subprocess_env(monkeypatch: pytest.MonkeyPatch, visible: str) -> None:
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
 
 
-def test_each_xdist_worker_sees_its_own_cuda_visible_devices(pytester: pytest.Pytester,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def _run_recording(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, visible: str,
+                   gpus_per_worker: int) -> tuple[Path, pytest.RunResult]:
+    """``pytest -n 2`` in a subprocess over tests that record the CUDA_VISIBLE_DEVICES they see."""
     out = pytester.mkdir("seen")
     pytester.makeconftest(RECORDING_CONFTEST.format(out=str(out)))
     pytester.makepyfile(test_record=RECORDING_TESTS.format(out=str(out)))
-    _subprocess_env(monkeypatch, "0,1")
-    result = pytester.runpytest_subprocess("-n", "2", "--opt-gpus-per-worker=1", "-p", "no:cacheprovider",
-                                           timeout=240)
+    _subprocess_env(monkeypatch, visible)
+    result = pytester.runpytest_subprocess("-n", "2", f"--opt-gpus-per-worker={gpus_per_worker}", "-p",
+                                           "no:cacheprovider", timeout=240)
+    return out, result
+
+
+def test_each_xdist_worker_sees_its_own_cuda_visible_devices(pytester: pytest.Pytester,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    out, result = _run_recording(pytester, monkeypatch, "0,1", gpus_per_worker=1)
     output = result.stdout.str() + result.stderr.str()
     assert result.ret == 0, output
     result.stdout.fnmatch_lines(["*transformers-opt: GPU pinning: 2 workers x 1 GPU from "
@@ -353,12 +361,7 @@ def test_each_xdist_worker_sees_its_own_cuda_visible_devices(pytester: pytest.Py
 
 def test_too_few_gpus_for_the_workers_stops_before_any_worker_starts(pytester: pytest.Pytester,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    out = pytester.mkdir("seen")
-    pytester.makeconftest(RECORDING_CONFTEST.format(out=str(out)))
-    pytester.makepyfile(test_record=RECORDING_TESTS.format(out=str(out)))
-    _subprocess_env(monkeypatch, "0,1,2")
-    result = pytester.runpytest_subprocess("-n", "2", "--opt-gpus-per-worker=2", "-p", "no:cacheprovider",
-                                           timeout=240)
+    out, result = _run_recording(pytester, monkeypatch, "0,1,2", gpus_per_worker=2)
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
     result.stderr.fnmatch_lines(["*--opt-gpus-per-worker=2 with -n 2 needs 4 GPUs; found: 3 "
                                  "(CUDA_VISIBLE_DEVICES=0,1,2)*"])

@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..errors import OptConfigError
 from ..hardware import module_available, package_version
-from .base import (LOSSLESS, LOSSY_4BIT, WEIGHTS_8BIT, GenerationSettings, LoadSettings, ProbeContext,
+from .base import (LOSSY_4BIT, WEIGHTS_8BIT, GenerationSettings, LoadSettings, ProbeContext,
                    RunEvidence, Technique)
 
 DOCS = "https://huggingface.co/docs/transformers/main/en"
