@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from .errors import OptConfigError
+from .files import JsonProblem, parse_json, read_limited, write_atomic
 from .similarity import NEAR_TIE_LOGPROB_GAP, Similarity, common_prefix, compare_runs
 
 try:  # POSIX; elsewhere writes are still atomic, only not serialised between processes
@@ -56,6 +57,7 @@ FINGERPRINT_FIELDS = (("device", "device"), ("gpu", "gpu_name"), ("cc", "compute
                       ("transformers", "transformers"), ("cuda", "cuda"), ("machine", "machine"),
                       ("cpus", "cpu_count"), ("tf32", "tf32"))
 _MACHINES = ("x86_64", "amd64", "aarch64", "arm64", "ppc64le", "s390x", "riscv64", "i686", "i386")
+MAX_TOKEN_ID = 2**31  # beyond any vocabulary; int32 is what tokenizers hand out
 _KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _REPLACE_HINT = "rerun with --opt-update-baselines to replace it"
 _NO_DISTRIBUTIONS = "no per-step distributions on one side (continuous batching returns tokens only)"
@@ -217,6 +219,11 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_token_id(value: Any) -> bool:
+    """A vocabulary index: ids of 10**30 are a crafted file, not a tokenizer (torch would overflow)."""
+    return _is_int(value) and 0 <= value < MAX_TOKEN_ID
+
+
 def _encode_float(value: float) -> float | str:
     """Strict JSON has no NaN or infinity: those are written as the strings "nan", "inf", "-inf"."""
     if math.isfinite(value):
@@ -349,9 +356,9 @@ class StoredBaseline:
             return OptConfigError(f"stored baseline {where}: {problem}; {_REPLACE_HINT}")
 
         try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise bad(f"not JSON ({exc})") from None
+            data = parse_json(text)
+        except JsonProblem as exc:
+            raise OptConfigError(f"stored baseline {where} {exc}; {_REPLACE_HINT}") from None
         if not isinstance(data, dict) or "schema" not in data:
             raise bad(f"not a pytest-transformers-opt baseline file (no \"schema\": {SCHEMA!r})")
         if data["schema"] != SCHEMA:
@@ -397,8 +404,9 @@ def _validated(data: dict[str, Any], bad: Any) -> dict[str, Any]:
         workload = None
     need("workload", workload is not None, "an object with prompts, max_new_tokens and batch_size")
     tokens = data.get("tokens")
-    need("tokens", isinstance(tokens, list) and all(isinstance(s, list) and all(_is_int(t) for t in s) for s in tokens),
-         "a list (one per prompt) of lists of token ids")
+    need("tokens", isinstance(tokens, list) and all(isinstance(s, list) and all(_is_token_id(t) for t in s)
+                                                    for s in tokens),
+         f"a list (one per prompt) of lists of token ids (0 <= id < {MAX_TOKEN_ID})")
     need("tokens", len(tokens) == len(workload["prompts"]), f"one list per prompt ({len(workload['prompts'])})")
     k = data.get("k", DEFAULT_TOP_K)
     need("k", _is_int(k) and k >= 1, "an int >= 1")
@@ -433,7 +441,7 @@ def _validated_topk(topk: Any, tokens: list[list[int]], k: int, bad: Any) -> lis
             values = [_decode_float(v) for v in step.get("logprobs", [])] if isinstance(step, dict) else []
             rest = step.get("rest_logprob", "missing") if isinstance(step, dict) else "missing"
             rest_value = None if rest is None else _decode_float(rest)
-            if (not isinstance(ids, list) or not ids or len(ids) > k or not all(_is_int(i) and i >= 0 for i in ids)
+            if (not isinstance(ids, list) or not ids or len(ids) > k or not all(_is_token_id(i) for i in ids)
                     or len(values) != len(ids) or any(v is None for v in values)
                     or (rest is not None and rest_value is None)):
                 raise bad(f"topk[{index}][{n}] must be {{\"ids\": [<= {k} token ids], \"logprobs\": [as many numbers], "
@@ -461,11 +469,14 @@ class BaselineStore:
         """The stored baseline, None when there is none; ``OptConfigError`` for a corrupt or foreign file."""
         path = self.path_for(key)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_limited(path)  # regular files only, size-limited: a FIFO never hangs the run
         except FileNotFoundError:
             return None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise OptConfigError(f"stored baseline {path} cannot be read ({exc}); {_REPLACE_HINT}") from None
+        except JsonProblem as exc:
+            raise OptConfigError(f"stored baseline {path} {exc}; {_REPLACE_HINT}") from None
+        except OSError as exc:
+            reason = exc.strerror if exc.strerror and exc.errno else str(exc)
+            raise OptConfigError(f"stored baseline {path} cannot be read ({reason}); {_REPLACE_HINT}") from None
         stored = StoredBaseline.from_json(text, path)
         if stored.key != key:
             raise OptConfigError(f"stored baseline {path} holds key {stored.key!r}, not {key!r} (copied or renamed "
@@ -479,8 +490,6 @@ class BaselineStore:
         creates: an existing valid baseline is kept as it is, an existing corrupt or foreign file is an
         ``OptConfigError`` and stays untouched.
         """
-        from .report import write_atomic
-
         path = self.path_for(baseline.key)
         text = baseline.to_json()
         StoredBaseline.from_json(text, f"{path} (about to be written)")  # never write what cannot be read back
@@ -493,8 +502,7 @@ class BaselineStore:
                     except OptConfigError as exc:
                         raise OptConfigError(f"refusing to overwrite {path}: {exc}") from None
                     return path
-                write_atomic(path, text)
-                _make_readable(path)
+                write_atomic(path, text)  # a shared file: the usual permissions, not mkstemp's 0600
         except OSError as exc:
             raise OptConfigError(f"cannot write stored baseline {path} ({exc}); check --opt-baselines") from None
         return path
@@ -533,13 +541,6 @@ class BaselineStore:
             return
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write("# created by pytest-transformers-opt: commit the baselines, not the locks\n.*.lock\n.*.tmp\n")
-
-
-def _make_readable(path: Path) -> None:
-    """``mkstemp`` creates 0600 files; a baseline is shared, so give it the usual permissions."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
 
 
 # ----------------------------------------------------------------------------------- the comparison

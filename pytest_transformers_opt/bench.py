@@ -1,14 +1,16 @@
 """``opt_bench()``: baseline and optimized on one workload, measured, compared, checked.
 
-Order of work: warm-up rounds for both sides (kept apart; the first optimized warm-up includes any
-compilation, reported as ``compile_time_s``), the baseline reference run (tokens, distributions
-and peak memory; once per model and workload in a session), the optimized verification run (the
-same, plus the proof that each technique ran), then interleaved timed rounds, alternating which
-side goes first so neither always runs on a warmer cache.
+Order of work: the asked-for warm-up rounds for both sides (kept apart; the first optimized
+warm-up includes any compilation, reported as ``compile_time_s``), the baseline reference run
+(tokens, distributions and peak memory; once per model and workload in a session), the optimized
+verification run (the same, plus the proof that each technique ran), more warm-up rounds until two
+in a row agree on every side (bounded, see ``warmup_bounds``), then interleaved timed rounds,
+alternating which side goes first so neither always runs on a warmer cache.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +24,10 @@ from .budgets import BORDERLINE, SPEED_BUDGETS, check_budgets, format_checks
 from .decode_efficiency import decode_estimates
 from .errors import OptConfigError, OptProofError
 from .generation import GenerationRun, run_generation
-from .loading import OptModel
+from .loading import ModelRequest, OptModel
 from .measure import PeakReading, Timings, track_peak_memory
+from .progress import Work, long_work
+from .options import MAX_ROUNDS, MAX_WARMUP
 from .results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload
 from .similarity import compare_runs
 from .units import parse_non_negative_int
@@ -32,39 +36,57 @@ if TYPE_CHECKING:
     from .session import OptSession, TestPlan
 
 DEFAULT_MAX_NEW_TOKENS = 24
+MAX_NEW_TOKENS = 2**20  # the bound for a model whose config names no max_position_embeddings
 
 
 WARMUP_TOLERANCE = 0.05
 COMPILED_MIN_WARMUP = 2
-CUDA_MAX_EXTRA_WARMUP = 8
 CUDA_COMPILED_MIN_WARMUP = 5
+CPU_MAX_EXTRA_WARMUP = 3  # CPU rounds settle fast; a few extra keep the suite quick
+CUDA_MAX_EXTRA_WARMUP = 8  # clocks ramp and autotuning settles
 
 
 def warmup_bounds(requested: int, compiled: bool, cuda: bool) -> tuple[int, int]:
-    """(minimum, maximum) warm-up rounds: on CUDA, rounds continue until two in a row agree.
+    """(minimum, maximum) warm-up rounds per side.
 
-    Compiled configurations need at least ``COMPILED_MIN_WARMUP`` (the first call compiles). CPU
-    keeps that count (its rounds are steady after one call, and CI time is short); on CUDA clocks
-    ramp and autotuning settles, so up to ``CUDA_MAX_EXTRA_WARMUP`` more rounds run, and compiled
-    configurations get at least ``CUDA_COMPILED_MIN_WARMUP``.
+    The minimum is what was asked, raised to ``COMPILED_MIN_WARMUP`` for compiled configurations
+    (their first call compiles; ``CUDA_COMPILED_MIN_WARMUP`` on CUDA, where CUDA graphs are recorded
+    on a later call). Those rounds run before the verification run; after it, warm-up goes on until
+    two rounds in a row agree (see :func:`warm_until_stable`), up to the maximum: ``CPU_MAX_EXTRA_WARMUP``
+    or ``CUDA_MAX_EXTRA_WARMUP`` more. A requested 0 (not compiled) is (0, 0): no warm-up at all.
     """
-    minimum = max(requested, COMPILED_MIN_WARMUP) if compiled else requested
-    if not cuda:
-        return minimum, minimum
-    minimum = max(minimum, CUDA_COMPILED_MIN_WARMUP if compiled else minimum, 2)
-    return minimum, minimum + CUDA_MAX_EXTRA_WARMUP
+    minimum = requested
+    if compiled:
+        minimum = max(minimum, CUDA_COMPILED_MIN_WARMUP if cuda else COMPILED_MIN_WARMUP)
+    if minimum == 0:
+        return 0, 0
+    return minimum, minimum + (CUDA_MAX_EXTRA_WARMUP if cuda else CPU_MAX_EXTRA_WARMUP)
 
 
-def warm_until_stable(run_round: Callable[[], float], minimum: int, maximum: int,
-                      tolerance: float = WARMUP_TOLERANCE) -> list[float]:
-    """Run warm-up rounds: at least ``minimum``, then until the last two differ by under ``tolerance``."""
-    seconds: list[float] = []
-    while len(seconds) < maximum:
-        seconds.append(run_round())
-        stable = len(seconds) >= 2 and seconds[-2] > 0 and abs(seconds[-1] - seconds[-2]) / seconds[-2] < tolerance
-        if len(seconds) >= minimum and stable:
+def rounds_agree(first: float | tuple[float, ...], second: float | tuple[float, ...],
+                 tolerance: float = WARMUP_TOLERANCE) -> bool:
+    """True when every side's seconds in ``second`` are within ``tolerance`` (relative) of ``first``."""
+    a = first if isinstance(first, tuple) else (first,)
+    b = second if isinstance(second, tuple) else (second,)
+    return len(a) == len(b) and all(x > 0 and abs(y - x) / x < tolerance for x, y in zip(a, b))
+
+
+def warm_until_stable(run_round: Callable[[], Any], minimum: int, maximum: int,
+                      tolerance: float = WARMUP_TOLERANCE, previous: Any = ()) -> list[Any]:
+    """Run warm-up rounds, at least ``minimum`` and at most ``maximum``, until the last two agree.
+
+    ``run_round`` returns the round's seconds, or a tuple of seconds (one per side: all must agree).
+    ``previous`` are rounds run before (the last of them is compared with the first new one), so
+    warm-up resumed after the verification run still needs a steady round after it. Returns the new
+    rounds.
+    """
+    rounds: list[Any] = []
+    while len(rounds) < maximum:
+        rounds.append(run_round())
+        history = [*previous, *rounds]
+        if len(rounds) >= minimum and len(history) >= 2 and rounds_agree(history[-2], history[-1], tolerance):
             break
-    return seconds
+    return rounds
 
 
 def _dynamo_graphs() -> int:
@@ -83,21 +105,42 @@ def build_workload(session: "OptSession", opt: OptModel, prompts: Any, max_new_t
         prompts = list(DEFAULT_PROMPTS)
     elif isinstance(prompts, str):
         prompts = [prompts]
+    if (not isinstance(prompts, (list, tuple)) or not prompts
+            or not all(isinstance(p, str) and p for p in prompts)):
+        shown = repr(prompts) if len(repr(prompts)) <= 80 else repr(prompts)[:77] + "..."
+        raise OptConfigError(f"opt_bench(prompts=...): got {shown}; accepted: a string or a non-empty list of "
+                             f"non-empty strings")
     prompts = list(prompts)
-    if not prompts or not all(isinstance(p, str) and p for p in prompts):
-        raise OptConfigError(f"opt_bench(prompts=...): give a non-empty list of non-empty strings; got {prompts!r}")
+    positions = _max_positions(opt)
     new_tokens = parse_non_negative_int(DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
-                                        "opt_bench(max_new_tokens=...)", minimum=1)
+                                        "opt_bench(max_new_tokens=...)" + (
+                                            f" for {opt.request.name_or_path} (max_position_embeddings="
+                                            f"{positions})" if positions else ""),
+                                        minimum=1, maximum=positions or MAX_NEW_TOKENS)
     batch = parse_non_negative_int(len(prompts) if batch_size is None else batch_size,
                                    "opt_bench(batch_size=...)", minimum=1)
     n_rounds = parse_non_negative_int(session.settings.rounds if rounds is None else rounds,
-                                      "opt_bench(rounds=...)", minimum=1)
+                                      "opt_bench(rounds=...)", minimum=1, maximum=MAX_ROUNDS)
     n_warmup = parse_non_negative_int(session.settings.warmup if warmup is None else warmup,
-                                      "opt_bench(warmup=...)", minimum=0)
+                                      "opt_bench(warmup=...)", minimum=0, maximum=MAX_WARMUP)
     n_warmup = warmup_bounds(n_warmup, opt.generation.compile, session.hardware.is_cuda)[0]
     input_tokens = max(len(opt.tokenizer.encode(p)) for p in prompts)
+    if positions is not None and input_tokens + new_tokens > positions:
+        # past the position table generate() fails with a bare IndexError (GPT-2) or degrades silently
+        raise OptConfigError(
+            f"opt_bench(max_new_tokens={new_tokens}): the longest prompt has {input_tokens} tokens, so "
+            f"{input_tokens} + {new_tokens} = {input_tokens + new_tokens} positions, but "
+            f"{opt.request.name_or_path} has max_position_embeddings={positions}; accepted: input tokens + "
+            f"max_new_tokens <= {positions} (shorter prompts or fewer new tokens)")
     return Workload(prompts=prompts, max_new_tokens=new_tokens, batch_size=min(batch, len(prompts)),
                     rounds=n_rounds, warmup=n_warmup, input_tokens=input_tokens)
+
+
+def _max_positions(opt: OptModel) -> int | None:
+    """The model's ``max_position_embeddings`` (GPT-2's ``n_positions`` maps to it), None when it has none."""
+    config = getattr(opt.model, "config", None) or opt.probe_context.model_config
+    value = getattr(config, "max_position_embeddings", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _reference_run(session: "OptSession", base: OptModel, workload: Workload) -> tuple[GenerationRun, PeakReading]:
@@ -146,22 +189,55 @@ class StoredContext:
     why_not: str
 
 
+def model_key_extra(request: ModelRequest) -> dict[str, Any] | None:
+    """What else decides the loaded model, for the stored baseline's key: every ``opt_model`` argument
+    beyond name, revision and dtype that is not its default (``num_hidden_layers=1``,
+    ``trust_remote_code``, ``gguf_file`` ...). None for a plain model, so its key stays as it was."""
+    extra: dict[str, Any] = {}
+    for spec in dataclasses.fields(request):
+        if spec.name in ("name_or_path", "revision", "dtype", "origin"):
+            continue
+        value = getattr(request, spec.name)
+        if value == spec.default or value in ((), None):
+            continue
+        if spec.name == "from_pretrained_kwargs":
+            extra[spec.name] = {str(k): repr(v) for k, v in value}  # repr: as ModelRequest.identity()
+        else:
+            extra[spec.name] = value if isinstance(value, (bool, int, float, str)) else repr(value)
+    return extra or None
+
+
 def _stored_context(session: "OptSession", plan: "TestPlan", workload: Workload) -> StoredContext | None:
-    """None when this project does not use stored baselines (no folder, no --opt-update-baselines)."""
+    """None when this project does not use stored baselines (default folder absent, no --opt-update-baselines).
+
+    A folder given explicitly (``--opt-baselines``, ini or environment) that does not exist is not
+    silently ignored: the test runs against the live baseline and its notes say so.
+    """
     settings = session.settings
-    folder = Path(settings.baselines)
-    if not settings.update_baselines and not folder.is_dir():
-        return None
+    folder = Path(settings.baselines)  # absolute: resolved once at configure time
+    source = settings.sources.get("baselines", "default")
     store = BaselineStore(folder)
     request = plan.marked.model
     key = baseline_key(request.name_or_path, request.revision, plan.probe_context.dtype, plan.baseline.labels,
-                       workload.to_dict())
+                       workload.to_dict(), model_key_extra(request))
+    if not settings.update_baselines and not folder.is_dir():
+        if source == "default":
+            return None
+        return StoredContext(store, key, None, False,
+                             f"stored baselines requested ({source}={folder}) but that folder does not exist: "
+                             f"no stored baseline used, baseline measured live; check the path, or create it "
+                             f"with --opt-update-baselines")
     stored = None if settings.update_baselines else store.load(key)  # corrupt/foreign: OptConfigError
     if stored is None:
         why = "" if settings.update_baselines else store.missing_message(key, plan.nodeid)
+        if why and source != "default":
+            why = f"stored baselines requested ({source}={folder}) but none holds this test's key: {why}"
         return StoredContext(store, key, None, False, why)
     ok, why = measurements_usable(stored, hardware_fingerprint(session.hardware.as_environment()))
     return StoredContext(store, key, stored, ok, why)
+
+
+MEASURE_ANNOUNCE_AFTER_S = 15.0
 
 
 def run_bench(session: "OptSession", plan: "TestPlan", get_base: Callable[[], OptModel], opt: OptModel,
@@ -170,8 +246,14 @@ def run_bench(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Op
 
     The baseline model is loaded only when it is needed: a stored baseline measured on this very
     hardware replaces it, so a 4-bit test on a small GPU can be judged against a baseline captured on
-    a large one.
+    a large one. A measurement still running after ``MEASURE_ANNOUNCE_AFTER_S`` gets progress lines.
     """
+    with long_work(f"measuring [{', '.join(opt.labels)}] in {plan.nodeid}", after_s=MEASURE_ANNOUNCE_AFTER_S) as work:
+        return _measure(session, plan, get_base, opt, workload, work)
+
+
+def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], OptModel], opt: OptModel,
+             workload: Workload, work: Work) -> OptResult:
     def once(side: OptModel, **kwargs: Any) -> GenerationRun:
         try:
             return run_generation(side, workload.prompts, workload.max_new_tokens, batch_size=workload.batch_size,
@@ -197,14 +279,20 @@ def run_bench(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Op
     base_timings, opt_timings = Timings(), Timings()
     minimum, maximum = warmup_bounds(workload.warmup, opt.generation.compile, session.hardware.is_cuda)
 
-    def warm_both() -> float:
-        seconds = once(opt).timing.total_s
-        opt_timings.warmup_s.append(seconds)
+    def warm_both() -> tuple[float, ...]:
+        work.status = f"warm-up round {len(opt_timings.warmup_s) + 1}"
+        seconds = [once(opt).timing.total_s]
+        opt_timings.warmup_s.append(seconds[0])
         if base is not None:
-            base_timings.warmup_s.append(once(base).timing.total_s)
-        return seconds
+            seconds.append(once(base).timing.total_s)
+            base_timings.warmup_s.append(seconds[-1])
+        return tuple(seconds)
 
-    warm_until_stable(warm_both, minimum, maximum)
+    # The asked-for rounds first (they include any compilation, and keep one-time costs out of the
+    # verification run's memory), then the reference and verification runs, then more warm-up until
+    # two rounds in a row agree on every side: the timed rounds start at steady state.
+    first = [warm_both() for _ in range(minimum)]
+    work.status = "reference and verification runs"
     reference, base_memory = _reference_run(session, base, workload) if base is not None else (None, None)
     with track_peak_memory(opt.device) as opt_memory:
         verification = once(opt, keep_logits=True, spy=True)
@@ -231,6 +319,7 @@ def run_bench(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Op
     def timed_rounds() -> OptResult:
         graphs_before = _dynamo_graphs()
         for index in range(workload.rounds):
+            work.status = f"timed round {index + 1}/{workload.rounds}"
             sides = [s for s in ((base, opt) if index % 2 == 0 else (opt, base)) if s is not None]
             for side in sides:
                 run = once(side)
@@ -257,6 +346,8 @@ def run_bench(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Op
             remeasure=timed_rounds, notes=list(notes), estimates=_decode_estimates(session, opt, workload, optimized),
         )
 
+    if maximum:
+        warm_until_stable(warm_both, 1, maximum - minimum, previous=first)
     result = timed_rounds()
     if session.settings.update_baselines and base is not None:
         _save_baseline(session, plan, stored_ctx, reference, result)  # type: ignore[arg-type]
@@ -273,7 +364,7 @@ def _save_baseline(session: "OptSession", plan: "TestPlan", ctx: StoredContext, 
         model=request.name_or_path, revision=request.revision, dtype=plan.probe_context.dtype,
         baseline_techniques=plan.baseline.labels, workload=result.workload.to_dict(), tokens=reference.tokens,
         logprobs=reference.logprobs, measurements=result.baseline, environment=session.hardware.as_environment(),
-        texts=reference.texts)
+        texts=reference.texts, extra=model_key_extra(request))
     path = ctx.store.save(baseline, update=True)
     session.saved_baselines.add(ctx.key)
     result.notes.append(f"baseline stored in {path}")
@@ -299,9 +390,17 @@ def _run_tensor_parallel_bench(session: "OptSession", plan: "TestPlan", base: Op
     from .parallel import TensorParallelUnavailable, run_tensor_parallel
 
     base_timings = Timings()
-    for _ in range(workload.warmup):
+
+    def warm_base() -> float:
         base_timings.warmup_s.append(once(base).timing.total_s)
+        return base_timings.warmup_s[-1]
+
+    # the same rule as run_bench's for the side measured here (the worker warms up its own side)
+    minimum, maximum = warmup_bounds(workload.warmup, False, session.hardware.is_cuda)
+    first = [warm_base() for _ in range(minimum)]
     reference, base_memory = _reference_run(session, base, workload)
+    if maximum:
+        warm_until_stable(warm_base, 1, maximum - minimum, previous=first)
     for _ in range(workload.rounds):
         base_timings.rounds.append(once(base).timing)
     request = plan.marked.model

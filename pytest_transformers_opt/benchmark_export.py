@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .report import all_entries, write_atomic
+from .report import REPORT_NOT_WRITTEN_STATUS, all_entries, describe_error, note_problem, write_atomic
 
 if TYPE_CHECKING:
     from .session import OptSession
@@ -130,14 +130,15 @@ class BenchmarkExport:
         self.added_to_its_output = True
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """Runs after pytest-benchmark saved (its hook wrapper saves before any plain implementation). A
-        file that cannot be written is said on the terminal and fails the run; the reports stand."""
+        """Runs after pytest-benchmark saved (its hook wrapper saves before any plain implementation). Data
+        that cannot be written is one line in the terminal summary and fails the run, like any requested
+        report (``report.REPORT_NOT_WRITTEN_STATUS``); the other reports stand."""
         try:
             self._write_where_it_wrote_none()
-        except OSError as exc:
-            _StorageLog(self.config).info(f"ERROR: could not write the pytest-benchmark data: {exc}")
+        except Exception as exc:
+            note_problem(self.config, f"could not write the pytest-benchmark data: {describe_error(exc)}", True)
             if session.exitstatus == pytest.ExitCode.OK:
-                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+                session.exitstatus = REPORT_NOT_WRITTEN_STATUS
 
     def _write_where_it_wrote_none(self) -> None:
         config = self.config

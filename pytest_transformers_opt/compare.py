@@ -148,12 +148,16 @@ def parse_compare_fail(text: str, where: str = "--opt-compare-fail") -> list[Thr
     return thresholds
 
 
-def load_compare_report(path: str) -> dict[str, Any]:
-    """``load_report`` with its message prefixed by the option, so a usage error says which option was wrong."""
+COMPARE_REMEDY = "give a JSON report written by this plugin (pytest --opt-report-json=PATH)"
+
+
+def load_compare_report(path: str, source: str = "--opt-compare") -> dict[str, Any]:
+    """``load_report`` (the guarded reader) with its message prefixed by ``source``: the option, or
+    the variable ``PYTEST_OPT_COMPARE`` when the path came from there. One line, whatever went wrong."""
     try:
-        return load_report(path)
+        return load_report(path, remedy=COMPARE_REMEDY)
     except OptConfigError as exc:
-        raise OptConfigError(f"--opt-compare: {exc}") from exc
+        raise OptConfigError(f"{source}: {exc}") from exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,7 +173,10 @@ def _figure(entry: dict[str, Any], metric: str) -> float | None:
         value = value.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer past any float: as unmeasurable as infinity
+        return None
     return value if math.isfinite(value) else None
 
 
@@ -211,6 +218,15 @@ def _limit_text(threshold: Threshold) -> str:
     return f"{'-' if down else '+'}{METRICS[threshold.metric].fmt(threshold.limit)}"
 
 
+def _shown(value: Any, limit: int = 60) -> str:
+    """``repr`` for a reason line, cut to ``limit`` (a value read from a file may be any size)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit
+        return f"<{type(value).__name__} too long to print>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _identity_differences(old_report: dict[str, Any], new_report: dict[str, Any]) -> list[str]:
     """Why no test of the two reports can be compared: measured on different hardware."""
     old_env = old_report.get("environment") or {}
@@ -219,9 +235,9 @@ def _identity_differences(old_report: dict[str, Any], new_report: dict[str, Any]
     old_dev = str(old_env.get("device") or "").split(":")[0]  # cuda:0 vs cuda:1 is the same kind of device
     new_dev = str(new_env.get("device") or "").split(":")[0]
     if old_dev != new_dev:
-        reasons.append(f"measured on different hardware: device {old_env.get('device')!r} -> {new_env.get('device')!r}")
+        reasons.append(f"measured on different hardware: device {_shown(old_env.get('device'))} -> {_shown(new_env.get('device'))}")
     if old_env.get("gpu_name") != new_env.get("gpu_name"):
-        reasons.append(f"measured on different hardware: GPU {old_env.get('gpu_name')!r} -> {new_env.get('gpu_name')!r}")
+        reasons.append(f"measured on different hardware: GPU {_shown(old_env.get('gpu_name'))} -> {_shown(new_env.get('gpu_name'))}")
     return reasons
 
 
@@ -244,13 +260,13 @@ def _test_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     old_model, new_model = old.get("model") or {}, new.get("model") or {}
     for key in ("name_or_path", "revision", "dtype"):
         if old_model.get(key) != new_model.get(key):
-            reasons.append(f"different model: {key} {old_model.get(key)!r} -> {new_model.get(key)!r}")
+            reasons.append(f"different model: {key} {_shown(old_model.get(key))} -> {_shown(new_model.get(key))}")
     old_work, new_work = old.get("workload") or {}, new.get("workload") or {}
     for key in _WORKLOAD_KEYS:
         if key == "input_tokens" and (key not in old_work or key not in new_work):
             continue  # only compared when both reports recorded it
         if old_work.get(key) != new_work.get(key):
-            reasons.append(f"different workload: {key} {old_work.get(key)!r} -> {new_work.get(key)!r}")
+            reasons.append(f"different workload: {key} {_shown(old_work.get(key))} -> {_shown(new_work.get(key))}")
     return reasons
 
 

@@ -40,9 +40,11 @@ def opt_hardware(request: pytest.FixtureRequest) -> HardwareInfo:
 def opt_plan(request: pytest.FixtureRequest) -> TestPlan:
     """The test's markers resolved and probed; bad input errors here, unsupported techniques skip here."""
     session = _session(request)
+    # recorded from here on, however the test asked for the fixture (parameter or getfixturevalue)
+    record = session.record(request.node.nodeid)
     plan = _or_fail(lambda: session.plan(request.node))
-    session.record(request.node.nodeid).plan = plan
-    session.probe(plan)  # before any model is loaded
+    record.plan = plan
+    _or_fail(lambda: session.probe(plan))  # before any model is loaded
     return plan
 
 
@@ -84,7 +86,7 @@ def opt_bench(request: pytest.FixtureRequest, opt_plan: TestPlan, opt_model: Opt
         measured = _or_fail(lambda: run_bench(session, opt_plan, baseline, opt_model, workload))
         result = judge_budgets(session, opt_plan, measured)
         result.remeasure = None  # frees the closure over models and runs
-        record.result = result
+        record.results.append(result)  # every call is a row of the report
         enforce_budgets(session, opt_plan, result)
         return result
 

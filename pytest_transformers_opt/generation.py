@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .measure import RoundTiming, now
+from .progress import long_work
 from .techniques import RunEvidence
 
 if TYPE_CHECKING:
@@ -32,6 +34,34 @@ class _DropNeverStopWarning(logging.Filter):
 
 
 logging.getLogger("transformers.generation.utils").addFilter(_DropNeverStopWarning())
+
+
+class _DropMissingKernelsPackage(logging.Filter):
+    """bitsandbytes (CPUs with AVX512-BF16) warns on import that the optional ``kernels`` package is
+    not installed; it then uses its own CPU kernels. Any other failure to load them still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("gemm_4bit_forward from kernels-community" in message and "No module named 'kernels'" in message)
+
+
+# a filter on the logger itself (installed before bitsandbytes is imported) holds in every process,
+# xdist workers included, whatever handlers are configured later
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_DropMissingKernelsPackage())
+
+TORCH_TRACE_VARIABLES = ("TORCH_TRACE", "TORCH_DTRACE", "TORCH_COMPILE_DEBUG")
+
+
+class _DropTorchTrace(logging.Filter):
+    """torch's structured compile trace (``torch.__trace``) is always at DEBUG and never propagates;
+    pytest attaches its capture handlers to every non-propagating logger, so a failing test that
+    compiled shows thousands of empty DEBUG records. Kept when the user asked for a trace."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return any(os.environ.get(name) not in (None, "", "0") for name in TORCH_TRACE_VARIABLES)
+
+
+logging.getLogger("torch.__trace").addFilter(_DropTorchTrace())
 
 
 @dataclass
@@ -105,14 +135,16 @@ def _technique_contexts(opt: "OptModel") -> Iterator[None]:
         yield
 
 
-def install_compile_counter(opt: "OptModel") -> None:
-    """Pre-create transformers' compiled forward, wrapped to count calls (the proof that it ran)."""
+def install_compile_counter(opt: "OptModel") -> bool:
+    """Pre-create transformers' compiled forward, wrapped to count calls (the proof that it ran).
+
+    True when a new compiled forward was made: its first call compiles (seconds to minutes)."""
     import torch
 
     model = opt.model
     config = opt.generation.kwargs["compile_config"]
     if getattr(model, "_opt_compile_counter", None) is opt.compiled_calls and getattr(model, "_last_compile_config", None) == config:
-        return
+        return False
     compiled = torch.compile(model.__call__, **config.to_dict())
     counter = opt.compiled_calls
 
@@ -123,6 +155,7 @@ def install_compile_counter(opt: "OptModel") -> None:
     model._last_compile_config = config
     model._compiled_call = counted
     model._opt_compile_counter = counter
+    return True
 
 
 def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, batch_size: int | None = None,
@@ -135,8 +168,7 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
     device, tokenizer, model = opt.device, opt.tokenizer, opt.model
     size = batch_size or len(prompts)
     evidence = RunEvidence(requested=len(prompts), attention_backend_calls=None)
-    if opt.generation.compile:
-        install_compile_counter(opt)
+    compiling = bool(opt.generation.compile) and install_compile_counter(opt)
     calls_before = opt.compiled_calls[0]
     tokens: list[list[int]] = []
     logprobs: list[Any] = []
@@ -155,7 +187,10 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
         # the timer first, then any processors a technique or the caller added
         kwargs["logits_processor"] = [timer, *kwargs.get("logits_processor", [])]
         spying = _spy_attention(model, evidence) if spy and not opt.generation.compile else contextlib.nullcontext()
-        with torch.inference_mode(), spying, _technique_contexts(opt):
+        # outside the clock reads: the lines are written before ``start`` and after ``end``
+        announce = (long_work(f"compiling [{', '.join(opt.labels)}] with torch.compile", detail="first generate call")
+                    if compiling and not tokens else contextlib.nullcontext())
+        with announce, torch.inference_mode(), spying, _technique_contexts(opt):
             start = now(device)
             output = model.generate(**encoded, **kwargs)
             end = now(device)

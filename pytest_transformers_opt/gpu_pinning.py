@@ -150,6 +150,8 @@ def gpus_per_worker_setting(config: Any, env: Mapping[str, str] | None = None) -
         raw, source = cli, OPTION_FLAG
     else:
         raw, source = env.get(ENV_VAR), ENV_VAR
+        if raw is not None and not raw.strip():
+            raw = None  # empty counts as unset, as for every PYTEST_OPT_* variable (options.py)
         if raw is None:
             try:
                 raw = config.getini(INI_KEY) or None

@@ -31,4 +31,19 @@ def pytest_opt_register_techniques(registry: Any) -> None:
 
 @pytest.hookspec
 def pytest_opt_report_extra(config: pytest.Config, report: dict[str, Any]) -> None:
-    """Add fields to the JSON report before it is written: put them under ``report["extra"]``."""
+    """Add fields to the report before it is written (every format, and a later ``--opt-compare``, reads them).
+
+    Put run-wide fields under ``report["extra"]`` and per-test ones under ``test["extra"]`` for a test of
+    ``report["tests"]``; any other new key makes the report invalid, and the report is then written
+    without this hook's fields. Values are made JSON-safe by one rule: NaN and infinity become null, a
+    path its text, a set a sorted list; anything else JSON cannot hold is left out, named in one line.
+    A hook that raises is named in one line of the terminal summary, and the report is written without
+    its fields. Example (conftest.py)::
+
+        import os
+
+        def pytest_opt_report_extra(config, report):
+            report["extra"] = {"commit": os.environ.get("GITHUB_SHA")}
+            for test in report["tests"]:
+                test.setdefault("extra", {})["ticket"] = "OPT-12"
+    """

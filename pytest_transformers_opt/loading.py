@@ -14,9 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import OptConfigError, OptProofError
+from .errors import OptConfigError, OptLoadError, OptProofError
 from .measure import release_memory, track_peak_memory
+from .progress import long_work
 from .techniques import GenerationSettings, LoadSettings, ProbeContext, Technique
+from .real_models import (check_gguf_folder, detach_gguf_quantizer, ensure_real_model, gguf_hint, gguf_kwargs,
+                          gguf_load_route, is_real_model)
 from .tiny_models import ensure_tiny_model, is_tiny_model, tiny_model_config
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "auto")
@@ -69,6 +72,8 @@ def resolve_model_path(request: ModelRequest) -> str:
     where = f"opt_model {name!r} (from {request.origin})"
     if is_tiny_model(name):
         return str(ensure_tiny_model(name))
+    if is_real_model(name):  # RealModelUnavailable (a skip) when its wheel is not installed
+        return str(ensure_real_model(name))
     path = Path(name).expanduser()
     looks_like_path = name.startswith((".", "/", "~")) or path.exists() or name.count("/") != 1
     if looks_like_path:
@@ -78,11 +83,17 @@ def resolve_model_path(request: ModelRequest) -> str:
         if path.is_file() and path.name == "config.json":
             path = path.parent
         if not path.is_dir():
-            raise OptConfigError(f"{where}: {str(path)!r} is not a folder; a model folder holds config.json and weights")
-        if not (path / "config.json").is_file():
+            gguf = (f"; for a GGUF file name its folder and the file: @pytest.mark.opt_model({str(path.parent)!r}, "
+                    f"gguf_file={path.name!r})") if path.suffix == ".gguf" else ""
+            raise OptConfigError(f"{where}: {str(path)!r} is not a folder; a model folder holds config.json and "
+                                 f"weights{gguf}")
+        # a GGUF file carries config, tokenizer and weights: no config.json or safetensors needed
+        gguf_checkpoint = check_gguf_folder(path, gguf_kwargs(request.from_pretrained_kwargs).get("gguf_file"), where)
+        if not gguf_checkpoint and not (path / "config.json").is_file():
             raise OptConfigError(f"{where}: the folder {str(path)!r} has no config.json (is it empty?); "
-                                 f"save a model with save_pretrained() there")
-        _check_weights(path, request, where)
+                                 f"save a model with save_pretrained() there{gguf_hint(path)}")
+        if not gguf_checkpoint:
+            _check_weights(path, request, where)
         return str(path)
     return name
 
@@ -104,13 +115,15 @@ def _check_weights(path: Path, request: ModelRequest, where: str) -> None:
 
 def read_model_config(request: ModelRequest, path: str) -> Any:
     """The model's config (no weights), for probes; raises a clear error on remote code or a bad folder."""
+    import_quietly()  # a test's first import of transformers happens here (it imports hqq, inductor...)
     if is_tiny_model(request.name_or_path):
         return tiny_model_config(request.name_or_path)
     from transformers import AutoConfig
 
     where = f"opt_model {request.name_or_path!r}"
     try:
-        return AutoConfig.from_pretrained(path, revision=request.revision, trust_remote_code=request.trust_remote_code)
+        return AutoConfig.from_pretrained(path, revision=request.revision, trust_remote_code=request.trust_remote_code,
+                                          **gguf_kwargs(request.from_pretrained_kwargs))
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
             raise OptConfigError(
@@ -120,6 +133,55 @@ def read_model_config(request: ModelRequest, path: str) -> Any:
         raise OptConfigError(f"{where}: cannot read its config: {exc}") from exc
     except OSError as exc:
         raise OptConfigError(f"{where}: cannot read its config (offline, or not a model): {exc}") from exc
+
+
+FINGERPRINT_SAMPLES = 64  # elements read per parameter, evenly spaced, compared exactly
+
+
+def weights_fingerprint(model: Any) -> dict[str, tuple[Any, ...]]:
+    """A cheap summary of every parameter: dtype, device, shape, an evenly spaced sample of its
+    elements and its float64 sum: one pass over the weights (measured on one thread of a shared 2-core CPU:
+    0.15-0.3 s for a 135M-parameter model, under 1 ms for tiny-random-llama; memory-bound on a GPU).
+
+    The sample catches whole-tensor changes (``mul_``, ``copy_``, ``normal_``) exactly; the sum catches
+    a changed row or element anywhere. Quantized weights (bitsandbytes int8 / packed 4-bit) are plain
+    integer tensors and are summed the same way; a tensor that supports neither (some quantization
+    backends' tensor subclasses) is left out, so it goes unchecked rather than failing a test.
+    """
+    import torch
+
+    prints: dict[str, tuple[Any, ...]] = {}
+    if model is None:
+        return prints
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            try:
+                if param.is_meta or param.numel() == 0:
+                    continue
+                flat = param.detach().reshape(-1)
+                sample = flat[::max(1, flat.numel() // FINGERPRINT_SAMPLES)][:FINGERPRINT_SAMPLES].to("cpu", copy=True)
+                total = float(flat.sum(dtype=torch.float64))
+                # float64 sums of the same values differ in the last bits with another reduction order
+                # (thread count); an edit of the weights moves them far more than this
+                tolerance = 1e-9 * abs(total) + 1e-12 * flat.numel() * float(sample.abs().max().to(torch.float64))
+                prints[name] = ((str(param.dtype), str(param.device), tuple(param.shape)), sample, total, tolerance)
+            except Exception:  # not a plain tensor: unchecked (see above)
+                continue
+    return prints
+
+
+def changed_parameter(model: Any, fingerprint: dict[str, tuple[Any, ...]]) -> str | None:
+    """The name of the first parameter whose weights differ from ``fingerprint``; None when none does."""
+    import torch
+
+    now = weights_fingerprint(model)
+    for name, (meta, sample, total, tolerance) in fingerprint.items():
+        if name not in now:
+            return name
+        new_meta, new_sample, new_total, _ = now[name]
+        if meta != new_meta or not torch.equal(sample, new_sample) or abs(total - new_total) > tolerance:
+            return name
+    return None
 
 
 @dataclass
@@ -135,6 +197,14 @@ class LoadedModel:
     resident_bytes: int | None
     memory_method: str
     load_techniques: tuple[str, ...]
+    # taken when the model enters the cache; checked at the teardown of each test it was handed to
+    fingerprint: dict[str, tuple[Any, ...]] = field(default_factory=dict, repr=False)
+
+    def changed_parameter(self) -> str | None:
+        """A parameter changed in place since the model was loaded (None: unchanged, or not held here)."""
+        if self.model is None or not self.fingerprint:
+            return None
+        return changed_parameter(self.model, self.fingerprint)
 
 
 @dataclass
@@ -183,7 +253,8 @@ def _load_tokenizer(path: str, request: ModelRequest) -> Any:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path, revision=request.revision,
-                                              trust_remote_code=request.trust_remote_code)
+                                              trust_remote_code=request.trust_remote_code,
+                                              **gguf_kwargs(request.from_pretrained_kwargs))
     tokenizer.padding_side = "left"  # decoder-only generation pads on the left
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -193,12 +264,28 @@ def _load_tokenizer(path: str, request: ModelRequest) -> Any:
 _PRIMED: set[str] = set()
 
 
+def import_quietly() -> None:
+    """Import torch modules whose first import only warns that the plugin imported them.
+
+    ``torch.utils.mkldnn`` (imported by inductor: ``torch.compile``, flex attention, optimum-quanto)
+    decorates 14 methods with the deprecated ``torch.jit.script_method``, one DeprecationWarning each,
+    which would land in the user's warnings summary (or fail ``-W error::DeprecationWarning``).
+    Once imported, it never warns again; other DeprecationWarnings are untouched.
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is", category=DeprecationWarning)
+        import torch.utils.mkldnn  # noqa: F401
+
+
 def prime_loader(device: str) -> None:
     """Pay one-time costs (lazy imports, kernel selection, allocator pools) before the first measured load.
 
     Without this the first model loaded in a session is charged megabytes that every later load
     gets for free, and the baseline (usually first) looks larger than it is.
     """
+    import_quietly()
     if device in _PRIMED:
         return
     import torch
@@ -225,9 +312,13 @@ def prime_loader(device: str) -> None:
     _PRIMED.add(device)
 
 
+LOAD_ANNOUNCE_AFTER_S = 5.0
+
+
 def load_model(request: ModelRequest, path: str, load_techniques: list[Technique], ctx: ProbeContext,
                device: str, key: tuple[Any, ...]) -> LoadedModel:
     """``from_pretrained`` with the load-time techniques, timed, with peak memory over load + first forward."""
+    import_quietly()  # before a technique's configure_load can import a quantization backend
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -242,20 +333,26 @@ def load_model(request: ModelRequest, path: str, load_techniques: list[Technique
     for technique in load_techniques:
         technique.configure_load(settings, ctx)
     settings.kwargs["device_map"] = {"": device}
-    tokenizer = _load_tokenizer(path, request)
-    prime_loader(device)
-    start = time.perf_counter()
-    with track_peak_memory(device) as reading:
-        model = AutoModelForCausalLM.from_pretrained(path, **settings.kwargs)
-        model.eval()
-        for technique in load_techniques:
-            technique.after_load(model)
-        # Weights whose dtype matches the checkpoint stay memory-mapped until touched: one forward
-        # pass makes them resident, so the peak covers what generation will really hold.
-        with torch.inference_mode():
-            sample = tokenizer(["Hello"], return_tensors="pt").to(device)
-            model(**sample)
-    load_time = time.perf_counter() - start
+    weights_path = gguf_load_route(path, settings.kwargs)  # a GGUF: de-quantized, or its converted copy
+    labels = ", ".join(t.label() for t in load_techniques) or "as saved"
+    # a tiny model loads in a second; a line only when this one takes long (big weights, a first
+    # use of a quantization backend)
+    with long_work(f"loading {request.name_or_path} [{labels}] on {device}", after_s=LOAD_ANNOUNCE_AFTER_S):
+        tokenizer = _load_tokenizer(path, request)
+        prime_loader(device)
+        start = time.perf_counter()
+        with track_peak_memory(device) as reading:
+            model = AutoModelForCausalLM.from_pretrained(weights_path, **settings.kwargs)
+            detach_gguf_quantizer(model)  # before techniques see it: a plain dense model, not a quantized one
+            model.eval()
+            for technique in load_techniques:
+                technique.after_load(model)
+            # Weights whose dtype matches the checkpoint stay memory-mapped until touched: one forward
+            # pass makes them resident, so the peak covers what generation will really hold.
+            with torch.inference_mode():
+                sample = tokenizer(["Hello"], return_tensors="pt").to(device)
+                model(**sample)
+        load_time = time.perf_counter() - start
     for technique in load_techniques:
         problem = technique.verify_loaded(model)
         if problem:
@@ -269,6 +366,21 @@ def tokenizer_only(request: ModelRequest, path: str, key: tuple[Any, ...]) -> Lo
     """For configurations whose weights live in other processes (tensor parallelism)."""
     return LoadedModel(key=key, model=None, tokenizer=_load_tokenizer(path, request), path=path, load_time_s=0.0,
                        load_peak_bytes=None, resident_bytes=None, memory_method="", load_techniques=())
+
+
+class OptModelChanged(OptLoadError):
+    """A test changed the weights of a shared cached model in place."""
+
+    def __init__(self, key: tuple[Any, ...], holder: str, parameter: str) -> None:
+        self.holder = holder
+        identity, load_techniques = key[0], key[1]
+        name = identity[0] if isinstance(identity, tuple) and identity else identity
+        which = f"{name} [{', '.join(load_techniques) or 'as loaded'}]"
+        super().__init__(
+            f"{holder} changed the weights of the shared cached model {which} in place "
+            f"({parameter} differs from the weights loaded), so later tests would measure another model. "
+            f"Change a copy (copy.deepcopy(opt_model.model)) instead; the plugin drops the changed model "
+            f"and loads it afresh for the next test")
 
 
 class ModelCache:
@@ -287,9 +399,21 @@ class ModelCache:
         while len(self._models) >= self.max_models:
             self.evict(next(iter(self._models)))
         loaded = loader()
+        # after load_model's first forward pass: bitsandbytes 4-bit on CPU repacks its weights in the first
+        # one (measured: a uint8 [8192, 1] weight becomes [128, 64]) and leaves them as they are from then on
+        loaded.fingerprint = weights_fingerprint(loaded.model)
         self.loads.append(key)
         self._models[key] = loaded
         return loaded
+
+    def check(self, key: tuple[Any, ...], holder: str) -> None:
+        """After a test that was handed this model: raise ``OptModelChanged`` (and drop the model, so the
+        next test loads it afresh) when the test ``holder`` changed its weights in place."""
+        loaded = self._models.get(key)
+        changed = loaded.changed_parameter() if loaded is not None else None
+        if changed is not None:
+            self.evict(key)
+            raise OptModelChanged(key, holder, changed)
 
     def evict(self, key: tuple[Any, ...]) -> None:
         """Free a model: its weights, its compiled forward and the graphs dynamo cached for it."""

@@ -1,7 +1,9 @@
 """Command-line options, their ini twins and environment variables: one table, one resolver.
 
 Order: command line, then environment (``PYTEST_OPT_<NAME>``), then ini, then the default. A bad
-value is a usage error that names the option (or ini key / variable) and the accepted forms.
+value is a usage error that names the option (or ini key / variable) and the accepted forms. An
+empty variable counts as unset; flags that act (``--opt-update-baselines``, ``--opt-techniques``)
+have no variable, so none is read. Paths are made absolute once, at configure time.
 """
 
 from __future__ import annotations
@@ -42,12 +44,16 @@ def _names(value: str) -> tuple[str, ...]:
     return names
 
 
+MAX_ROUNDS = 1000  # measured rounds per side: more only burns CI time (the medians settle long before)
+MAX_WARMUP = 100  # warm-up rounds per side
+
+
 def _rounds(value: str) -> int:
-    return parse_non_negative_int(value, "rounds", minimum=1)
+    return parse_non_negative_int(value, "rounds", minimum=1, maximum=MAX_ROUNDS)
 
 
 def _warmup(value: str) -> int:
-    return parse_non_negative_int(value, "warm-up rounds", minimum=0)
+    return parse_non_negative_int(value, "warm-up rounds", minimum=0, maximum=MAX_WARMUP)
 
 
 def _gpus(value: str) -> int:
@@ -55,6 +61,13 @@ def _gpus(value: str) -> int:
 
 
 def _text(value: str) -> str:
+    return value
+
+
+def _path(value: str) -> str:
+    """A file or folder path; an empty one would silently mean the current directory."""
+    if not str(value).strip():
+        raise OptConfigError(f"{value!r} is an empty path; give a file or folder path")
     return value
 
 
@@ -77,21 +90,24 @@ class OptionDef:
     help: str
     metavar: str | None = None
     is_flag: bool = False
+    has_env: bool = True  # False for flags that act (rewrite files, print and exit): the command line only
+    is_path: bool = False  # resolved to an absolute path once, at configure time
 
     @property
-    def env(self) -> str:
-        return "PYTEST_OPT_" + self.dest.removeprefix("opt_").upper()
+    def env(self) -> str | None:
+        """``PYTEST_OPT_<NAME>``, or None when the option has no environment twin (then none is read)."""
+        return "PYTEST_OPT_" + self.dest.removeprefix("opt_").upper() if self.has_env else None
 
 
 OPTIONS: tuple[OptionDef, ...] = (
     OptionDef("--opt-report", "opt_report", "opt_report", _bool, False,
               "print the optimization report at the end of the run", is_flag=True),
-    OptionDef("--opt-report-json", "opt_report_json", "opt_report_json", _text, None,
-              "write the report as JSON (schema versioned, environment included)", "PATH"),
-    OptionDef("--opt-report-md", "opt_report_md", None, _text, None,
-              "write the report as Markdown; also appended to $GITHUB_STEP_SUMMARY when set", "PATH"),
-    OptionDef("--opt-report-html", "opt_report_html", None, _text, None,
-              "write the report as a self-contained HTML page with charts", "PATH"),
+    OptionDef("--opt-report-json", "opt_report_json", "opt_report_json", _path, None,
+              "write the report as JSON (schema versioned, environment included)", "PATH", is_path=True),
+    OptionDef("--opt-report-md", "opt_report_md", None, _path, None,
+              "write the report as Markdown; also appended to $GITHUB_STEP_SUMMARY when set", "PATH", is_path=True),
+    OptionDef("--opt-report-html", "opt_report_html", None, _path, None,
+              "write the report as a self-contained HTML page with charts", "PATH", is_path=True),
     OptionDef("--opt-model", "opt_model", "opt_model", _text, DEFAULT_MODEL,
               "default model: a folder, a hub id or a built-in model", "NAME"),
     OptionDef("--opt-device", "opt_device", "opt_device", _device, "auto",
@@ -100,20 +116,24 @@ OPTIONS: tuple[OptionDef, ...] = (
               "strict mode: a skip of these techniques (NAME[,NAME] or all) fails the test", "NAMES"),
     OptionDef("--opt-budgets", "opt_budgets", "opt_budgets", _mode, "enforce",
               "enforce: failed budgets fail the test; warn: report only; off: measure without checking", "MODE"),
-    OptionDef("--opt-baselines", "opt_baselines", "opt_baselines", _text, ".opt-baselines",
-              "where stored baselines live", "DIR"),
+    OptionDef("--opt-baselines", "opt_baselines", "opt_baselines", _path, ".opt-baselines",
+              "where stored baselines live", "DIR", is_path=True),
     OptionDef("--opt-update-baselines", "opt_update_baselines", None, _bool, False,
-              "(re)write stored baselines from this run", is_flag=True),
-    OptionDef("--opt-compare", "opt_compare", None, _text, None, "compare with an earlier JSON report", "PATH"),
+              "(re)write stored baselines from this run", is_flag=True, has_env=False),
+    OptionDef("--opt-compare", "opt_compare", None, _path, None, "compare with an earlier JSON report", "PATH",
+              is_path=True),
     OptionDef("--opt-compare-fail", "opt_compare_fail", "opt_compare_fail", _text, None,
               "regressions that fail the run: latency:10%,peak_memory:5%,kl_mean:0.01", "EXPR[,EXPR]"),
     OptionDef("--opt-gpus-per-worker", "opt_gpus_per_worker", "opt_gpus_per_worker", _gpus, None,
               "under pytest-xdist, pin each worker to its own N GPUs", "N"),
     OptionDef("--opt-techniques", "opt_techniques", None, _bool, False,
-              "print the technique catalogue with what this machine supports and why not, then exit", is_flag=True),
-    OptionDef("--opt-rounds", "opt_rounds", "opt_rounds", _rounds, 5, "measured rounds per side", "N"),
+              "print the technique catalogue with what this machine supports and why not, then exit", is_flag=True,
+              has_env=False),
+    OptionDef("--opt-rounds", "opt_rounds", "opt_rounds", _rounds, 5, f"measured rounds per side (1 to {MAX_ROUNDS})",
+              "N"),
     OptionDef("--opt-warmup", "opt_warmup", "opt_warmup", _warmup, 1,
-              "warm-up rounds per side, kept out of the figures (compiled techniques get at least 2)", "N"),
+              f"warm-up rounds per side (0 to {MAX_WARMUP}), kept out of the figures (compiled techniques get at "
+              f"least 2)", "N"),
 )
 
 
@@ -131,7 +151,7 @@ def _argparse_type(option: OptionDef) -> Callable[[str], Any]:
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("transformers-opt", "Transformers inference optimizations (pytest-transformers-opt)")
     for option in OPTIONS:
-        env_ini = f" Env: {option.env}." + (f" Ini: {option.ini}." if option.ini else "")
+        env_ini = (f" Env: {option.env}." if option.env else "") + (f" Ini: {option.ini}." if option.ini else "")
         default = "" if option.is_flag else f" Default: {option.default!r}."
         if option.is_flag:
             group.addoption(option.flag, action="store_true", dest=option.dest, default=None,
@@ -174,7 +194,9 @@ def resolve_settings(config: pytest.Config) -> Settings:
         if cli is not None and cli is not False:
             settings.values[key], settings.sources[key] = cli, option.flag
             continue
-        raw, source = os.environ.get(option.env), option.env
+        raw, source = (os.environ.get(option.env), option.env) if option.env else (None, "")
+        if raw is not None and not raw.strip():
+            raw = None  # an empty variable counts as unset: CI templates export empty values for "not set"
         if raw is None and option.ini:
             raw, source = config.getini(option.ini), f"ini {option.ini}"
             raw = raw or None
@@ -201,17 +223,49 @@ def resolve_settings(config: pytest.Config) -> Settings:
     baseline = config.getini("opt_baseline")
     if baseline:
         settings.baseline = tuple(n.strip() for n in baseline.split(",") if n.strip())
+    _resolve_paths(config, settings)
     _load_compare(settings)
-    for key in ("report_json", "report_md", "report_html"):
+    written: dict[Path, str] = {}
+    for key in REPORT_KEYS:
         path = settings.values.get(key)
         if path:
-            check_writable(Path(path), settings.sources[key])
+            source = settings.sources[key]
+            check_writable(Path(path), source)
+            same = Path(path).resolve()
+            if same in written:
+                raise pytest.UsageError(f"{written[same]} and {source} name the same file {path!r}; each report "
+                                        f"format needs its own path")
+            written[same] = source
     return settings
+
+
+REPORT_KEYS = ("report_json", "report_md", "report_html")
+
+
+def _resolve_paths(config: pytest.Config, settings: Settings) -> None:
+    """Make every path option absolute, once, now: later a test may change directory.
+
+    ``~`` is expanded; a relative path from the command line or the environment is relative to the
+    directory pytest was started in, one from the ini file (or the default) to the ini file's folder
+    (the rootdir), as pytest does for its own ini paths.
+    """
+    invocation = Path(config.invocation_params.dir)
+    rootdir = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
+    for option in OPTIONS:
+        key = option.dest.removeprefix("opt_")
+        value = settings.values.get(key)
+        if not option.is_path or not value:
+            continue
+        source = settings.sources[key]
+        base = rootdir if source == "default" or source.startswith("ini ") else invocation
+        path = Path(value).expanduser()
+        settings.values[key] = os.path.normpath(path if path.is_absolute() else base / path)
 
 
 def check_writable(path: Path, source: str) -> None:
     """Fail at start-up, not after an hour of measuring, when a report cannot be written."""
-    parent = path.expanduser().resolve().parent
+    path = path.expanduser()  # every check below on the path that will be written, not on "~/..."
+    parent = path.resolve().parent
     if path.is_dir():
         raise pytest.UsageError(f"{source}: {str(path)!r} is a folder; give a file path")
     if not parent.is_dir():
@@ -228,7 +282,8 @@ def _load_compare(settings: Settings) -> None:
     try:
         if settings.values.get("compare_fail"):
             thresholds = parse_compare_fail(settings.compare_fail, settings.sources["compare_fail"])
-        settings.values["compare_report"] = load_compare_report(settings.compare) if settings.compare else None
+        settings.values["compare_report"] = (load_compare_report(settings.compare, settings.sources["compare"])
+                                             if settings.compare else None)
     except OptConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     if thresholds and not settings.compare:

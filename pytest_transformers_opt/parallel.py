@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .measure import RoundTiming, Timings
+from .progress import long_work
 
 WORKER_MODULE = "pytest_transformers_opt.tp_worker"
 _STDERR_TAIL = 3000
@@ -248,7 +249,9 @@ def run_tensor_parallel(model_path: str, *, dtype: str | None, tp_size: int, pro
                    f"--nproc-per-node={tp_size}", "--max-restarts=0", "-m", WORKER_MODULE, str(spec_path), str(out_dir)]
         stdout_path, stderr_path = work / "torchrun.out", work / "torchrun.err"
         start = time.perf_counter()
-        with stdout_path.open("wb") as stdout, stderr_path.open("wb") as stderr:
+        announce = long_work(f"running {label} in {tp_size} torchrun processes",
+                             detail=f"{rounds + warmup} rounds, time limit {timeout_s:g} s")
+        with announce, stdout_path.open("wb") as stdout, stderr_path.open("wb") as stderr:
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env,
                                     cwd=str(work), start_new_session=True)
             try:

@@ -518,7 +518,7 @@ def render_html(report: dict[str, Any]) -> str:
         f'<p class="context">{_e(text.context_text(report))}</p>',
         '<div class="counts">' + "".join(
             f'<span class="pill {key}{" zero" if not counts[key] else ""}">{counts[key]} {key}</span>'
-            for key in ("passed", "failed", "skipped", "error")) + "</div>",
+            for key in text.shown_counts(counts)) + "</div>",
     ]
     note = text.budgets_mode_note(report)
     if note:

@@ -262,9 +262,9 @@ def sort_tests(tests: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def outcome_text(test: Mapping[str, Any]) -> str:
     outcome = str(test.get("outcome") or "unknown")
-    if outcome == "skipped":
+    if outcome in ("skipped", "xfailed", "xpassed"):  # skip_reason holds the xfail reason for the latter
         reason = test.get("skip_reason")
-        return f"skipped: {_one_line(reason)}" if reason else "skipped"
+        return f"{outcome}: {_one_line(reason)}" if reason else outcome
     return outcome
 
 
@@ -429,9 +429,18 @@ def environment_rows(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+COUNTED = ("passed", "failed", "skipped", "error")  # always shown
+COUNTED_WHEN_ANY = ("xfailed", "xpassed")  # shown when a test had that outcome
+
+
+def shown_counts(counts: Mapping[str, int]) -> list[str]:
+    """The outcome names a summary line shows, in order."""
+    return [*COUNTED, *(key for key in COUNTED_WHEN_ANY if counts.get(key))]
+
+
 def summary_counts(report: Mapping[str, Any]) -> dict[str, int]:
     summary = report.get("summary")
-    counts = {key: 0 for key in ("passed", "failed", "skipped", "error")}
+    counts = {key: 0 for key in COUNTED + COUNTED_WHEN_ANY}
     if isinstance(summary, dict):
         for key in counts:
             value = summary.get(key)
@@ -446,7 +455,7 @@ def summary_counts(report: Mapping[str, Any]) -> dict[str, int]:
 
 def summary_text(report: Mapping[str, Any]) -> str:
     counts = summary_counts(report)
-    return ", ".join(f"{counts[key]} {key}" for key in ("passed", "failed", "skipped", "error"))
+    return ", ".join(f"{counts[key]} {key}" for key in shown_counts(counts))
 
 
 def context_text(report: Mapping[str, Any]) -> str:

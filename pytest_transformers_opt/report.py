@@ -6,62 +6,125 @@ renders that document, so they cannot disagree.
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import json
 import math
 import os
-import tempfile
+import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from .files import MAX_JSON_DEPTH, write_atomic  # noqa: F401 (re-exported: the one writer lives in files.py)
+from .files import _INT_LIMIT as JSON_INT_LIMIT  # the reader's bound, so what is written reads back
+from .results import CALL_SUFFIX, call_nodeid
 from .units import format_bytes, format_duration
 
 if TYPE_CHECKING:
     from .options import Settings
-    from .session import OptSession
+    from .session import OptSession, TestRecord
 
 SCHEMA = "pytest-transformers-opt/report"
 SCHEMA_VERSION = 1
 
 
-def _clean(value: Any) -> Any:
-    """JSON-safe: NaN/inf become null (the schema's 'not a number' marker)."""
-    if isinstance(value, float) and not math.isfinite(value):
+_LEFT_OUT = object()  # a value _clean leaves out of its container
+
+
+def _json_safe(value: Any, where: str, dropped: list[str] | None, depth: int) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        if -JSON_INT_LIMIT <= value < JSON_INT_LIMIT:
+            return value
+        if dropped is not None:
+            dropped.append(f"{where}: an integer beyond 64 bits, written as null")
         return None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, os.PathLike):
+        text = os.fspath(value)
+        if isinstance(text, str):
+            return text
+    container = isinstance(value, (dict, list, tuple, set, frozenset))
+    if container and depth > MAX_JSON_DEPTH:  # what files.read_json (--opt-compare) reads back
+        if dropped is not None:
+            dropped.append(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels, left out")
+        return _LEFT_OUT
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                if dropped is not None:
+                    dropped.append(f"{where}[{key!r}]: a {type(key).__name__} key (JSON keys are strings), left out")
+                continue
+            item = _json_safe(item, f"{where}.{key}", dropped, depth + 1)
+            if item is not _LEFT_OUT:
+                out[key] = item
+        return out
+    if container:
+        items = [_json_safe(item, f"{where}[{n}]", dropped, depth + 1) for n, item in enumerate(value)]
+        items = [item for item in items if item is not _LEFT_OUT]
+        if isinstance(value, (set, frozenset)):  # no order of its own: one that does not change between runs
+            items.sort(key=lambda item: json.dumps(item, sort_keys=True))
+        return items
+    if dropped is not None:
+        dropped.append(f"{where}: {type(value).__name__} is not a JSON value, left out")
+    return _LEFT_OUT
+
+
+def _clean(value: Any, where: str = "report", dropped: list[str] | None = None) -> Any:
+    """JSON-safe, by one rule for every value, so that what is written reads back through ``--opt-compare``.
+
+    NaN, infinity and integers beyond 64 bits become null (the schema's 'not a number' marker); a path
+    becomes its text, a tuple a list, a set a list sorted by its items' JSON text. What JSON cannot hold
+    (another object, a non-string key, nesting deeper than ``files.MAX_JSON_DEPTH``) is left out, and
+    named as ``where: why`` in ``dropped`` when given.
+    """
+    cleaned = _json_safe(value, where, dropped, 1)
+    return None if cleaned is _LEFT_OUT else cleaned
 
 
 def record_entries(session: "OptSession") -> list[dict[str, Any]]:
-    """One JSON-safe report entry per test this process ran (xdist workers ship these to the controller)."""
-    entries = []
-    for record in session.records.values():
-        entry: dict[str, Any] = {
-            "nodeid": record.nodeid, "outcome": record.outcome, "skip_reason": record.skip_reason,
-            "error": record.error, "model": None, "techniques": [], "baseline_techniques": [], "workload": None,
-            "baseline": None, "optimized": None, "speedup": None, "memory_ratio": None, "similarity": None,
-            "budgets": [], "failed_budgets": [], "estimates": {}, "regression": None,
-        }
-        if record.plan is not None:
-            plan = record.plan
-            entry["model"] = {"name_or_path": plan.marked.model.name_or_path, "revision": plan.marked.model.revision,
-                              "dtype": plan.probe_context.dtype}
-            entry["techniques"] = list(plan.declared)
-            entry["baseline_techniques"] = plan.baseline.labels
-        if record.result is not None:
-            entry.update(record.result.to_dict())
-        entries.append(_clean(entry))
-    return entries
+    """The JSON-safe report entries of every test this process ran (see ``entries_of``)."""
+    return [entry for record in session.records.values() for entry in entries_of(record)]
+
+
+def entries_of(record: "TestRecord") -> list[dict[str, Any]]:
+    """One JSON-safe report entry per ``opt_bench`` call of a test (one when it made none).
+
+    A test that called ``opt_bench`` more than once gets a row per call: the first under the test's
+    id, the later ones under ``call_nodeid`` ids, each with its ``call`` number, so no call's figures
+    or failed budgets are lost and ``--opt-compare`` matches each call with the same call earlier.
+    """
+    base: dict[str, Any] = {
+        "nodeid": record.nodeid, "outcome": record.outcome, "skip_reason": record.skip_reason,
+        "error": record.error, "model": None, "techniques": [], "baseline_techniques": [], "workload": None,
+        "baseline": None, "optimized": None, "speedup": None, "memory_ratio": None, "similarity": None,
+        "budgets": [], "failed_budgets": [], "estimates": {}, "regression": None,
+    }
+    if record.plan is not None:
+        plan = record.plan
+        base["model"] = {"name_or_path": plan.marked.model.name_or_path, "revision": plan.marked.model.revision,
+                         "dtype": plan.probe_context.dtype}
+        base["techniques"] = list(plan.declared)
+        base["baseline_techniques"] = plan.baseline.labels
+    if len(record.results) <= 1:
+        return [_clean({**base, **(record.results[0].to_dict() if record.results else {})})]
+    return [_clean({**base, **result.to_dict(), "nodeid": call_nodeid(record.nodeid, call), "call": call})
+            for call, result in enumerate(record.results, start=1)]
+
+
+def _entry_order(entry: dict[str, Any]) -> tuple[str, int]:
+    return entry["nodeid"].split(CALL_SUFFIX)[0], entry.get("call", 1)
 
 
 def all_entries(session: "OptSession") -> list[dict[str, Any]]:
-    """This process's entries and those the xdist workers sent, by test id."""
-    return sorted(record_entries(session) + list(session.worker_entries), key=lambda t: t["nodeid"])
+    """This process's entries and those the xdist workers sent, by test id (a test's calls in order)."""
+    return sorted(record_entries(session) + list(session.worker_entries.values()), key=_entry_order)
 
 
 def build_report(session: "OptSession") -> dict[str, Any]:
@@ -80,19 +143,6 @@ def build_report(session: "OptSession") -> dict[str, Any]:
         "tests": tests, "summary": summary, "advice": None,
     }
     return report
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename, so no reader sees half a file."""
-    path = path.expanduser()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent.resolve()))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _pair(opt: Any, base: Any, fmt: Any) -> str:
@@ -149,6 +199,11 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
     if skipped:
         lines += ["", "skipped:"]
         lines += [f"  {t['nodeid'].split('::')[-1]}: {t['skip_reason']}" for t in skipped]
+    expected = [t for t in report["tests"] if t["outcome"] in ("xfailed", "xpassed")]
+    if expected:
+        lines += ["", "xfail:"]
+        lines += [f"  {t['nodeid'].split('::')[-1]}: {t['outcome']} ({t['skip_reason'] or 'no reason given'})"
+                  for t in expected]
     compiled = [t for t in report["tests"] if (t.get("optimized") or {}).get("compile_time_s") is not None]
     if compiled:
         lines += ["", "compile time (warm-up, not in the figures above):"]
@@ -193,21 +248,106 @@ def _advice(report: dict[str, Any]) -> dict[str, Any] | None:
         return {"summary": [f"no advice: {type(exc).__name__}: {exc}"]}
 
 
+PREFIX = "transformers-opt: "
+REPORT_NOT_WRITTEN_STATUS = pytest.ExitCode.TESTS_FAILED
+"""Exit status of a run whose tests passed but a requested report could not be written (README, Options)."""
+_SHOWN_DROPPED = 5
+
+
+@dataclass
+class SessionEnd:
+    """What the session end found, kept for the terminal summary (``pytest_sessionfinish`` runs before it)."""
+
+    report: dict[str, Any] | None = None
+    built: bool = False
+    nothing_ran: bool = False  # no test using the plugin's fixtures ran: no file was touched
+    problems: list[str] = field(default_factory=list)  # one line each: a writer, the hook, the comparison
+    fails_run: list[str] = field(default_factory=list)  # the subset that changes the exit status
+    compare_lines: list[str] = field(default_factory=list)
+    regression_line: str | None = None
+
+
+_END_KEY = pytest.StashKey[SessionEnd]()
+
+
+def session_end(config: pytest.Config) -> SessionEnd:
+    """This session's end state (created on first use: pytest-benchmark's export may report first)."""
+    return config.stash.setdefault(_END_KEY, SessionEnd())
+
+
+def describe_error(exc: BaseException) -> str:
+    """``[Errno 28] No space left on device`` for an OSError, ``TypeError: ...`` otherwise."""
+    if isinstance(exc, OSError) and exc.errno and exc.strerror:
+        return f"[Errno {exc.errno}] {exc.strerror}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def note_problem(config: pytest.Config, line: str, fails_run: bool) -> None:
+    """One line for the terminal summary; ``fails_run``: a requested output is missing (the exit status says so)."""
+    end = session_end(config)
+    end.problems.append(PREFIX + line)
+    if fails_run:
+        end.fails_run.append(line)
+
+
+def _hook_location(config: pytest.Config, exc: BaseException) -> str:
+    """`` in conftest.py:12``: the line of the hook implementation the exception came through."""
+    codes = {getattr(impl.function, "__code__", None) for impl in config.hook.pytest_opt_report_extra.get_hookimpls()}
+    where = ""
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code in codes:
+            path = Path(frame.f_code.co_filename)
+            try:
+                path = path.relative_to(config.rootpath)
+            except ValueError:
+                pass
+            where = f" in {path}:{line}"
+    return where
+
+
 class ReportWriter:
-    """Builds the run's report once, at session end, and hands that one document to every output."""
+    """Builds the run's report once, at session end, and hands that one document to every output.
+
+    Every stage (building, advice, comparison, the extra-fields hook) and every writer is isolated: a
+    failure is one line in the terminal summary, the other writers still write, and pytest's own
+    summary still prints. Only a requested output that is missing changes the exit status.
+    """
 
     def __init__(self, session: "OptSession") -> None:
         self.session = session
         self.settings = session.settings
+        self.config = session.config
+        self.end = session_end(session.config)
 
-    def _report(self) -> dict[str, Any]:
-        if self.session.final_report is None:
+    def _problem(self, line: str, fails_run: bool = False) -> None:
+        note_problem(self.config, line, fails_run)
+
+    def _requested(self) -> list[tuple[str, str]]:
+        """(``--opt-report-md=PATH`` as the user set it, key) of every requested report file."""
+        return [(f"{self.settings.sources.get(key, key)}={self.settings.values[key]}", key)
+                for key in ("report_json", "report_md", "report_html") if self.settings.values.get(key)]
+
+    def ran_any(self) -> bool:
+        """The rule for writing at all: a test that uses opt_bench, opt_model or opt_baseline_model ran here
+        or on an xdist worker (so ``--collect-only`` or a run that deselected them keeps the last report)."""
+        return bool(self.session.records or self.session.worker_entries)
+
+    def _report(self) -> dict[str, Any] | None:
+        if not self.end.built:
+            self.end.built = True
+            self.end.report = self._build()
+        return self.end.report
+
+    def _build(self) -> dict[str, Any] | None:
+        try:
             report = build_report(self.session)
-            report["advice"] = _advice(report)
-            self._compare(report)
-            self.session.config.hook.pytest_opt_report_extra(config=self.session.config, report=report)
-            self.session.final_report = report
-        return self.session.final_report
+        except Exception as exc:
+            self._problem(f"could not build the report: {describe_error(exc)}; no report file was written",
+                          fails_run=bool(self._requested()))
+            return None
+        report["advice"] = _advice(report)
+        self._compare(report)
+        return self._extra(report)
 
     def _compare(self, report: dict[str, Any]) -> None:
         """--opt-compare: a regression verdict per test, kept on the report and summarised for the terminal."""
@@ -215,47 +355,152 @@ class ReportWriter:
             return
         from .compare import compare_reports, summarise
 
-        verdicts = compare_reports(self.settings.compare_report, report, self.settings.compare_thresholds)
+        against = f"{self.settings.sources.get('compare', '--opt-compare')}={self.settings.compare}"
+        try:
+            verdicts = compare_reports(self.settings.compare_report, report, self.settings.compare_thresholds)
+            lines = summarise(verdicts, self.settings.compare)
+        except Exception as exc:  # a gate that cannot judge must not pass silently
+            self._problem(f"{against}: could not compare the reports: {describe_error(exc)}",
+                          fails_run=bool(self.settings.compare_thresholds))
+            return
         for entry in report["tests"]:
             entry["regression"] = verdicts.get(entry["nodeid"])
-        self.session.compare_lines = ["", *summarise(verdicts, self.settings.compare)]
+        self.end.compare_lines = ["", *lines]
+        regressed = sum(v.get("verdict") == "regressed" for v in verdicts.values())
+        if regressed and self.settings.compare_thresholds:
+            gate = f"{self.settings.sources.get('compare_fail', '--opt-compare-fail')}={self.settings.compare_fail}"
+            self.end.regression_line = (f"{PREFIX}{regressed} test{'s' if regressed != 1 else ''} regressed past "
+                                        f"{gate} against {against}: the run fails")
+
+    def _extra(self, report: dict[str, Any]) -> dict[str, Any]:
+        """The ``pytest_opt_report_extra`` hook, then one JSON-safe document (see ``_clean``).
+
+        A hook that raises, or leaves the report invalid, costs only its own fields."""
+        hook = self.config.hook.pytest_opt_report_extra
+        dropped: list[str] = []
+        if not hook.get_hookimpls():
+            return _clean(report, "report", dropped)  # type: ignore[no-any-return]
+        before = copy.deepcopy(report)
+        try:
+            hook(config=self.config, report=report)
+        except Exception as exc:
+            self._problem(f"the pytest_opt_report_extra hook{_hook_location(self.config, exc)} raised "
+                          f"{describe_error(exc)}; the report is written without its fields")
+            return _clean(before)  # type: ignore[no-any-return]
+        cleaned = _clean(report, "report", dropped)
+        invalid = _schema_problem(cleaned)
+        if invalid is not None and _schema_problem(_clean(before)) is None:
+            self._problem(f"the pytest_opt_report_extra hook left the report invalid ({invalid}); it is written "
+                          "without the hook's fields: put them under report[\"extra\"] or a test's [\"extra\"]")
+            return _clean(before)  # type: ignore[no-any-return]
+        for line in dropped[:_SHOWN_DROPPED]:
+            self._problem(f"report field {line} (pytest_opt_report_extra)")
+        if len(dropped) > _SHOWN_DROPPED:
+            self._problem(f"... and {len(dropped) - _SHOWN_DROPPED} more report fields left out")
+        return cleaned  # type: ignore[no-any-return]
 
     def finish(self, exit_status: int) -> int:
-        """At session end: write every report file; a regression past --opt-compare-fail fails the run."""
+        """At session end: write every report file; a regression past --opt-compare-fail, or a requested
+        report that could not be written, fails a run whose tests passed. Never raises."""
         if self.session.is_xdist_worker:  # the controller writes the merged report
             return exit_status
-        report = self._report()
-        self._write_files(report)
-        regressed = any((t.get("regression") or {}).get("verdict") == "regressed" for t in report["tests"])
-        if regressed and self.settings.compare_thresholds and exit_status == pytest.ExitCode.OK:
-            return pytest.ExitCode.TESTS_FAILED
+        try:
+            if not self.ran_any():
+                self.end.nothing_ran = True
+                return exit_status
+            report = self._report()
+            if report is not None:
+                self._write_files(report)
+        except Exception as exc:  # a last guard: the stages above catch their own
+            self._problem(f"could not finish the report: {describe_error(exc)}", fails_run=bool(self._requested()))
+        failed = bool(self.end.fails_run or self.end.regression_line)
+        if failed and exit_status == pytest.ExitCode.OK:
+            return REPORT_NOT_WRITTEN_STATUS
         return exit_status
 
     def terminal(self, reporter: Any) -> None:
-        if not self.settings.report or self.session.is_xdist_worker:
+        """The report under --opt-report; then, in every verbosity mode, each cause of a changed exit status
+        and each output that could not be written."""
+        if self.session.is_xdist_worker:
             return
-        reporter.write_sep("=", "transformers optimization report")
-        for line in terminal_lines(self._report()) + self.session.compare_lines:
-            reporter.write_line(line)
+        end = self.end
+        try:
+            if self.settings.report:
+                reporter.write_sep("=", "transformers optimization report")
+                report = None if end.nothing_ran else self._report()
+                if report is None:
+                    lines = ["no test used opt_bench, opt_model or opt_baseline_model" if end.nothing_ran
+                             else "no report: it could not be built (below)"]
+                else:
+                    lines = terminal_lines(report) + end.compare_lines
+                for line in lines:
+                    reporter.write_line(line)
+            elif end.regression_line:  # the details the exit status rests on
+                for line in end.compare_lines[1:]:
+                    reporter.write_line(line)
+        except Exception as exc:
+            self._problem(f"could not print the report: {describe_error(exc)}")
+        for line in end.problems + ([end.regression_line] if end.regression_line else []):
+            reporter.write_line(line, red=True)
+        if end.nothing_ran and self._requested() and reporter.verbosity >= 0:
+            files = ", ".join(label for label, _ in self._requested())
+            reporter.write_line(f"{PREFIX}no test that uses opt_bench, opt_model or opt_baseline_model ran: "
+                                f"{files} left as they were")
+
+    def _write(self, label: str, write: Any, requested: bool = True) -> None:
+        """Run one writer; a failure is one line naming the file and why (the other writers still run)."""
+        try:
+            write()
+        except Exception as exc:
+            self._problem(f"could not write {label}: {describe_error(exc)}", fails_run=requested)
 
     def _write_files(self, report: dict[str, Any]) -> None:
-        """JSON, Markdown (also appended to $GITHUB_STEP_SUMMARY) and HTML, each written atomically."""
-        wants_summary = bool(os.environ.get("GITHUB_STEP_SUMMARY")) and bool(report["tests"])
-        if self.settings.report_json:
-            write_atomic(Path(self.settings.report_json), json.dumps(report, indent=2) + "\n")
-        if self.settings.report_md or wants_summary:
-            from .render_markdown import render_markdown
+        """JSON, Markdown (also appended to $GITHUB_STEP_SUMMARY) and HTML, each written atomically, each alone."""
+        labels = dict((key, label) for label, key in self._requested())
+        summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
+        if "report_json" in labels:
+            self._write(labels["report_json"], lambda: write_atomic(
+                Path(self.settings.report_json), json.dumps(report, indent=2, allow_nan=False) + "\n"))
+        if "report_md" in labels or summary_path:
+            rendered: list[str] = []
 
-            markdown = render_markdown(report)
-            if self.settings.report_md:
-                write_atomic(Path(self.settings.report_md), markdown)
-            if wants_summary:
-                with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as summary:
-                    summary.write(markdown + "\n")
-        if self.settings.report_html:
-            from .render_html import render_html
+            def markdown() -> str:
+                if not rendered:
+                    from .render_markdown import render_markdown
 
-            write_atomic(Path(self.settings.report_html), render_html(report))
+                    rendered.append(render_markdown(report))
+                return rendered[0]
+
+            if "report_md" in labels:
+                self._write(labels["report_md"], lambda: write_atomic(Path(self.settings.report_md), markdown()))
+            if summary_path:  # set by the CI runner, not asked for: a failure is said, the exit status stays
+                self._write(f"$GITHUB_STEP_SUMMARY={summary_path}", lambda: _append(summary_path, markdown() + "\n"),
+                            requested=False)
+        if "report_html" in labels:
+            def html() -> None:
+                from .render_html import render_html
+
+                write_atomic(Path(self.settings.report_html), render_html(report))
+
+            self._write(labels["report_html"], html)
+
+
+def _append(path: str, text: str) -> None:
+    """Append ``text`` to the file (the step summary is one file that every step appends to)."""
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def _schema_problem(report: dict[str, Any]) -> str | None:
+    """The first schema violation of ``report``, or None when it is valid."""
+    from .report_validation import validate_report
+
+    try:
+        validate_report(report)
+    except ValueError as exc:
+        lines = str(exc).splitlines()
+        return lines[1].strip(" -") if len(lines) > 1 else lines[0]
+    return None
 
 
 def print_catalogue(config: pytest.Config, settings: "Settings") -> int:

@@ -22,7 +22,7 @@ REPORT_SCHEMA_VERSION = 1
 SCHEMA_RESOURCE = "report_schema.json"
 
 _MAX_ERRORS_SHOWN = 8
-_OUTCOMES = ("passed", "failed", "skipped", "error")
+_OUTCOMES = ("passed", "failed", "skipped", "error", "xfailed", "xpassed")
 
 
 @lru_cache(maxsize=1)
@@ -131,28 +131,18 @@ def validate_report(report: dict[str, Any]) -> None:
         raise ValueError("\n".join(lines))
 
 
-def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_report(path: str | os.PathLike[str], remedy: str | None = None) -> dict[str, Any]:
     """Read and validate a JSON report written by ``--opt-report-json``.
 
     Raises :class:`OptConfigError` naming ``path`` and the problem when the file cannot be read,
     is not JSON, is not a pytest-transformers-opt report, has another ``schema_version``, or does
-    not match the schema.
+    not match the schema. The file is read by the guarded ``files.read_json`` (regular files,
+    size, depth and number limits), and ``remedy`` ends the message when it cannot be read.
     """
+    from .files import read_json
+
     where = os.fspath(path)
-    try:
-        with open(where, encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise OptConfigError(f"cannot read the report {where!r}: {reason}") from exc
-    except UnicodeDecodeError as exc:
-        raise OptConfigError(f"the report {where!r} is not JSON: it is not UTF-8 text ({exc.reason})") from exc
-    try:
-        report = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise OptConfigError(
-            f"the report {where!r} is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
-        ) from exc
+    report = read_json(where, what="the report", remedy=remedy)
     problem = _identity_problem(report)
     if problem is not None:
         raise OptConfigError(f"the report {where!r} cannot be used: {problem}")

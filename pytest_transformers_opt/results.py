@@ -15,6 +15,13 @@ DEFAULT_PROMPTS = (
     "Name the capital of France.",
 )
 
+CALL_SUFFIX = "[opt_bench call "
+
+
+def call_nodeid(nodeid: str, call: int) -> str:
+    """The report id of a test's ``call``-th opt_bench call: the test's own id for the first."""
+    return nodeid if call == 1 else f"{nodeid}{CALL_SUFFIX}{call}]"
+
 
 @dataclass
 class Workload:

@@ -6,7 +6,7 @@ reference runs and what each test recorded for the report.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -15,10 +15,12 @@ from .budgets import Budget, resolve_budgets, worst_quality
 from .errors import OptConfigError, OptLoadError, OptProofError
 from .measure import release_memory
 from .hardware import HardwareInfo, probe_hardware
-from .loading import (ModelCache, ModelRequest, OptModel, load_model, read_model_config, resolve_model_path,
-                      tokenizer_only)
+from .loading import (LoadedModel, ModelCache, ModelRequest, OptModel, OptModelChanged, load_model,
+                      read_model_config, resolve_model_path, tokenizer_only)
 from .markers import MarkedTest, read_markers
 from .options import Settings
+from .real_models import RealModelUnavailable
+from .results import CALL_SUFFIX
 from .techniques import (GenerationSettings, ProbeContext, Technique, TechniqueRegistry, build_registry,
                          check_stack)
 
@@ -60,7 +62,14 @@ class TestRecord:
     skip_reason: str | None = None
     error: str | None = "did not finish (interrupted, or no call phase report)"
     plan: TestPlan | None = None
-    result: Any = None  # OptResult
+    results: list[Any] = field(default_factory=list)  # OptResult of each opt_bench call, in order
+
+
+def crash_message(report: Any) -> str:
+    """The error of a test whose pytest-xdist worker died while running it (pytest says the same)."""
+    worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None) or "?"
+    return (f"worker {worker!r} crashed while running this test: the process died (killed, out of memory, "
+            f"or it exited)")
 
 
 def _stack_with_inheritance(baseline: list[Technique], declared: list[Technique]) -> list[Technique]:
@@ -81,6 +90,16 @@ def _stack_with_inheritance(baseline: list[Technique], declared: list[Technique]
     return kept + declared
 
 
+def probe_reason(technique: Technique, ctx: ProbeContext) -> str | None:
+    """``technique.probe(ctx)``, checked: a custom technique's probe that returns anything but None or a
+    reason is a bug in that technique, named as one (not a skip with a reason of ``42``)."""
+    reason = technique.probe(ctx)
+    if reason is None or (isinstance(reason, str) and reason.strip()):
+        return reason
+    raise OptConfigError(f"technique {technique.label()}: probe() returned {reason!r} ({type(reason).__name__}); "
+                         f"it must return None when the technique can run here, or a non-empty str saying why not")
+
+
 class OptSession:
     def __init__(self, config: pytest.Config, settings: Settings) -> None:
         self.config = config
@@ -92,10 +111,10 @@ class OptSession:
         self.reference_run_count = 0
         self.saved_baselines: set[str] = set()  # keys written by --opt-update-baselines this session
         self.records: dict[str, TestRecord] = {}
-        self.worker_entries: list[dict[str, Any]] = []  # report entries sent by xdist workers
+        # report entries sent by xdist workers, by entry id: each test's latest, sent with every report
+        self.worker_entries: dict[str, dict[str, Any]] = {}
+        self._handed: dict[str, list[LoadedModel]] = {}  # test id -> cached models it was given
         self.is_xdist_worker = hasattr(config, "workerinput")
-        self.compare_lines: list[str] = []  # --opt-compare summary for the terminal
-        self.final_report: dict[str, Any] | None = None  # built once, at session end
         self._configs: dict[str, Any] = {}
         self._item_model: dict[str, tuple[Any, ...]] = {}
         self._remaining_uses: dict[tuple[Any, ...], int] = {}
@@ -140,7 +159,10 @@ class OptSession:
         baseline = [registry.resolve(spec, f"baseline ({marked.baseline_origin})") for spec in marked.baseline]
         check_stack(baseline, f"baseline ({marked.baseline_origin})")
         optimized = _stack_with_inheritance(baseline, declared)
-        path = resolve_model_path(marked.model)
+        try:
+            path = resolve_model_path(marked.model)
+        except RealModelUnavailable as exc:  # a package not installed here: a skip, with the install command
+            pytest.skip(exc.reason)
         model_config = self._model_config(marked.model, path)
         dtype = marked.model.dtype or str(getattr(model_config, "dtype", None) or "float32").removeprefix("torch.")
         ctx = ProbeContext(hardware=self.hardware, model_config=model_config, dtype=dtype)
@@ -162,7 +184,7 @@ class OptSession:
     def probe(self, plan: TestPlan) -> None:
         """Skip (or, in strict mode, fail) when a technique of either side cannot run here."""
         for technique in plan.baseline.techniques + plan.optimized.techniques:
-            reason = technique.probe(plan.probe_context)
+            reason = probe_reason(technique, plan.probe_context)
             if reason is None:
                 continue
             required = self.settings.require
@@ -181,6 +203,9 @@ class OptSession:
             else:
                 loaded = self.models.get(key, lambda: load_model(side.request, plan.model_path, load_time,
                                                                  plan.probe_context, self.device, key))
+                handed = self._handed.setdefault(plan.nodeid, [])
+                if not any(h is loaded for h in handed):
+                    handed.append(loaded)
         except (OptConfigError, OptProofError):
             raise
         except Exception as exc:  # broken is not unsupported: this test fails, the session runs on
@@ -202,7 +227,7 @@ class OptSession:
             try:
                 technique = technique_class() if technique_class.name != "hub_kernel" else \
                     technique_class(repo_id="kernels-community/flash-attn2")
-                reason = technique.probe(ctx)
+                reason = probe_reason(technique, ctx)
             except OptConfigError as exc:
                 reason = str(exc)
             rows.append((technique_class.name, technique_class.summary, reason))
@@ -226,7 +251,27 @@ class OptSession:
         self._remaining_uses = uses
 
     def finished_with(self, item: pytest.Item) -> None:
-        """After a test's teardown: free the models no remaining test of this process needs."""
+        """After a test's teardown: check that it left the shared models' weights as loaded, and free the
+        models no remaining test of this process needs. A changed model fails this test's teardown (it
+        is the one that changed it) and is dropped, so the next test loads it afresh."""
+        changed = self._check_handed(item.nodeid)
+        self._free_unused(item)
+        if changed:
+            pytest.fail("\n".join(changed), pytrace=False)
+
+    def _check_handed(self, nodeid: str) -> list[str]:
+        problems = []
+        for loaded in self._handed.pop(nodeid, []):
+            try:
+                if self._models is not None:
+                    self._models.check(loaded.key, nodeid)
+            except OptModelChanged as exc:
+                problems.append(str(exc))
+                # a baseline reference run of the changed weights must not serve the next test either
+                self.reference_runs = {k: v for k, v in self.reference_runs.items() if k[0] != loaded.key}
+        return problems
+
+    def _free_unused(self, item: pytest.Item) -> None:
         identity = self._item_model.pop(item.nodeid, None)
         if identity is None or self._models is None:
             return
@@ -241,7 +286,14 @@ class OptSession:
     def note_report(self, item: pytest.Item, report: pytest.TestReport) -> None:
         """Keep each test's outcome (and skip reason / error) for the report."""
         record = self.record(item.nodeid)
-        if report.skipped:
+        if hasattr(report, "wasxfail") and (report.skipped or report.passed):
+            # pytest's xfail / xpass (a strict xpass is a plain failure, without wasxfail); the reason is
+            # the marker's, or "reason: ..." from pytest.xfail(...)
+            record.outcome = "xfailed" if report.skipped else "xpassed"
+            record.skip_reason = str(report.wasxfail).removeprefix("reason: ") or None
+            crash = getattr(report.longrepr, "reprcrash", None)
+            record.error = crash.message[:4000] if report.skipped and getattr(crash, "message", None) else None
+        elif report.skipped:
             record.outcome = "skipped"
             longrepr = report.longrepr
             reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
@@ -256,6 +308,22 @@ class OptSession:
                 record.error = "\n".join(text[-12:]) if text else None
         elif report.when == "call":
             record.outcome, record.error = "passed", None
+
+    # -- pytest-xdist controller ----------------------------------------------------------------------
+    def note_worker_entries(self, entries: list[dict[str, Any]]) -> None:
+        """Entries a worker sent for one test (with each of its reports, so a worker that dies later
+        loses nothing it finished); a later report's entries replace an earlier one's."""
+        for entry in entries:
+            self.worker_entries[entry["nodeid"]] = entry
+
+    def note_crash(self, nodeid: str, message: str) -> None:
+        """A test whose worker died while running it: failed (as pytest counts it), with why."""
+        mine = [entry for entry_id, entry in self.worker_entries.items()
+                if entry_id == nodeid or entry_id.startswith(nodeid + CALL_SUFFIX)]
+        for entry in mine:
+            entry["outcome"], entry["error"] = "failed", message
+        if not mine:  # it died before its setup reported: it may still have been loading a model
+            self.records[nodeid] = TestRecord(nodeid, outcome="failed", error=message)
 
     def close(self) -> None:
         """Free every cached model at the end of the session."""

@@ -18,11 +18,13 @@ import os
 import random
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from .errors import OptConfigError
+from .progress import Work, long_work
 
 FACTORY_VERSION = 1
 CACHE_ENV = "PYTEST_TRANSFORMERS_OPT_CACHE"
@@ -156,25 +158,34 @@ def _train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
                                    unk_token="<unk>", pad_token="<pad>", padding_side="left")
 
 
-def _train_briefly(model: Any, tokenizer: Any, corpus: list[str], steps: int, seed: int) -> None:
+def _train_briefly(model: Any, tokenizer: Any, corpus: list[str], steps: int, seed: int,
+                   on_step: Callable[[int, float], None] | None = None) -> None:
+    import time
+
     import torch
 
     ids = torch.tensor([t for text in corpus for t in tokenizer.encode(text) + [tokenizer.eos_token_id]])
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
-    for _ in range(steps):
+    start = time.perf_counter()
+    for step in range(steps):
         starts = torch.randint(0, len(ids) - 65, (16,), generator=generator)
         batch = torch.stack([ids[s : s + 64] for s in starts.tolist()])
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+        if on_step is not None:
+            on_step(step + 1, time.perf_counter() - start)
     model.eval()
 
 
-def build_tiny_model(name: str, directory: str | os.PathLike[str], seed: int = 0) -> Path:
-    """Build the named model into ``directory`` with ``save_pretrained`` (safetensors)."""
+def build_tiny_model(name: str, directory: str | os.PathLike[str], seed: int = 0,
+                     on_step: Callable[[int, float], None] | None = None) -> Path:
+    """Build the named model into ``directory`` with ``save_pretrained`` (safetensors).
+
+    ``on_step(step, seconds_so_far)`` is called after each training step (progress lines)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -187,7 +198,7 @@ def build_tiny_model(name: str, directory: str | os.PathLike[str], seed: int = 0
     with torch.random.fork_rng():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         if spec.train_steps:
-            _train_briefly(model, tokenizer, corpus, spec.train_steps, seed)
+            _train_briefly(model, tokenizer, corpus, spec.train_steps, seed, on_step)
     out = Path(directory)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -196,21 +207,77 @@ def build_tiny_model(name: str, directory: str | os.PathLike[str], seed: int = 0
     return out
 
 
+# Seconds per training step of the built-in shapes, measured on a 2-core CI machine with torch's
+# default threads; the start line's estimate scales it by the cores torch uses here.
+TRAIN_STEP_S_2_CORES = 0.4
+
+
+def build_estimate_s(spec: TinyModelSpec) -> float:
+    """A rough duration of building ``spec`` on this machine (tokenizer, training, saving)."""
+    import torch
+
+    per_step = TRAIN_STEP_S_2_CORES * 2 / max(1, min(torch.get_num_threads(), 8))
+    return 5.0 + spec.train_steps * per_step
+
+
+def _build_detail(spec: TinyModelSpec, final: Path) -> str:
+    minutes = build_estimate_s(spec) / 60
+    estimate = f"about {minutes:.0f} min" if minutes >= 1.5 else "under 2 min"
+    return (f"first use on this machine, {estimate}; cached in {final.parent} for later runs, "
+            f"the {CACHE_ENV} variable moves it")
+
+
 def ensure_tiny_model(name: str) -> Path:
     """The folder of a built-in model, building it on first use; safe across processes."""
     spec = _spec_for(name)
     final = cache_root() / f"{name}-{_fingerprint(spec)}"
-    if (final / "tiny_model.json").is_file():
+
+    def build(staging: Path, work: Work) -> None:
+        def on_step(step: int, seconds: float) -> None:
+            left = seconds / step * (spec.train_steps - step)
+            work.status = f"training step {step}/{spec.train_steps}, about {left:.0f} s left"
+
+        build_tiny_model(name, staging, on_step=on_step)
+
+    return build_once(final, "tiny_model.json", f"building built-in model {name}", _build_detail(spec, final), build)
+
+
+@contextmanager
+def _build_lock(final: Path) -> Iterator[None]:
+    """One builder per cache folder at a time (pytest-xdist workers), where the OS has ``flock``;
+    without it, concurrent builders each build and the last rename loses harmlessly."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    with open(final.parent / f".{final.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def build_once(final: Path, done_file: str, what: str, detail: str, build: Callable[[Path, Work], None]) -> Path:
+    """``final``, built by ``build(staging, work)`` on first use (its ``work.status`` feeds the progress
+    lines); ``done_file``, written by ``build``, marks a complete folder.
+
+    Safe across processes: built in a staging folder next to ``final`` and renamed into place, so no
+    process ever sees half a folder, and a process that waited for another's build uses its result.
+    """
+    if (final / done_file).is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
-    try:
-        build_tiny_model(name, staging)
+    with _build_lock(final):
+        if (final / done_file).is_file():  # built by the process we waited for
+            return final
+        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
-            os.replace(staging, final)  # atomic on one filesystem; loses the race harmlessly
-        except OSError:
-            if not (final / "tiny_model.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            with long_work(what, detail=detail) as work:
+                build(staging, work)
+            try:
+                os.replace(staging, final)  # atomic on one filesystem; loses the race harmlessly
+            except OSError:
+                if not (final / done_file).is_file():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return final

@@ -120,13 +120,22 @@ def parse_positive_float(value: object, what: str = "value", *, allow_zero: bool
     raise OptConfigError(f"{what}: {value!r} must be a finite number {bound}, e.g. 1.2")
 
 
-def parse_non_negative_int(value: object, what: str = "value", *, minimum: int = 0) -> int:
-    """An int >= ``minimum`` from an int or a string of digits (not a bool, not a float)."""
+def parse_non_negative_int(value: object, what: str = "value", *, minimum: int = 0, maximum: int | None = None) -> int:
+    """An int >= ``minimum`` (and <= ``maximum`` when given) from an int or a string of digits (not a bool, not a float)."""
+    accepted = f">= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
     if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value.strip()):
-        value = int(value.strip())
-    if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+        digits = value.strip()
+        if len(digits) > 30:  # past any bound; int() of thousands of digits raises ValueError
+            raise OptConfigError(f"{what}: a number of {len(digits)} digits must be a whole number {accepted}")
+        value = int(digits)
+    if (isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+            and (maximum is None or value <= maximum)):
         return value
-    raise OptConfigError(f"{what}: {value!r} must be a whole number >= {minimum}")
+    if isinstance(value, int) and abs(value) >= 10**30:  # repr() of a 5000-digit int raises ValueError
+        shown = "a number of more than 30 digits"
+    else:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    raise OptConfigError(f"{what}: {shown} must be a whole number {accepted}")
 
 
 def format_bytes(num: float | None) -> str:

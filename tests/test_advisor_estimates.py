@@ -174,7 +174,7 @@ def test_config_without_a_needed_field_is_a_clear_error(tmp_path, field):
 
 
 @pytest.mark.parametrize("content, message", [
-    ("not json", "not valid JSON"),
+    ("not json", "is not JSON"),
     ("[1, 2]", "not a config object"),
     (json.dumps({**LLAMA_8B, "num_hidden_layers": -3}), "not a positive whole number"),
 ])

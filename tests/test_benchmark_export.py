@@ -137,7 +137,8 @@ def test_an_unwritable_benchmark_storage_fails_the_run_cleanly(run_user, pyteste
     blocked.write_text("a file where the storage folder would go")
     run = run_user(USER_TESTS, f"--benchmark-storage={blocked}", "--benchmark-save=run1", "-k", "sdpa")
     assert run.result.ret == pytest.ExitCode.TESTS_FAILED
-    run.result.stdout.fnmatch_lines(["*transformers-opt: ERROR: could not write the pytest-benchmark data: *"])
+    run.result.stdout.fnmatch_lines(["transformers-opt: could not write the pytest-benchmark data: [[]Errno *"])
+    assert "Traceback" not in run.result.stdout.str()
     assert run.test("test_sdpa")["outcome"] == "passed"  # the opt report was written all the same
 
 

@@ -126,7 +126,7 @@ def test_report_json_that_is_a_folder_is_a_usage_error(pytester: pytest.Pytester
     pytester.mkdir("reports")
     pytester.makepyfile(SENTINEL)
     result = pytester.runpytest("-p", "no:cacheprovider", "--opt-report-json=reports")
-    _usage_error(pytester, result, "--opt-report-json", "'reports' is a folder", "give a file path")
+    _usage_error(pytester, result, "--opt-report-json", "/reports' is a folder", "give a file path")
 
 
 def test_report_json_from_ini_names_the_ini_key(pytester: pytest.Pytester) -> None:
@@ -183,10 +183,11 @@ def test_cli_beats_environment_beats_ini(pytester: pytest.Pytester, monkeypatch:
 
 
 def test_rounds_precedence_in_the_report_settings(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same order for a number; no test needs to run to see it."""
+    """The same order for a number; no test needs to measure to see it (one must use the plugin: a run
+    where none did writes no report)."""
     pytester.makeini("[pytest]\nopt_rounds = 7\nopt_warmup = 3\n")
     monkeypatch.setenv("PYTEST_OPT_ROUNDS", "4")
-    pytester.makepyfile("def test_plain():\n    pass\n")
+    pytester.makepyfile("def test_uses_the_plugin(opt_model):\n    pass\n")
     result = pytester.runpytest("-p", "no:cacheprovider", "--opt-report-json=report.json", "--opt-rounds=2")
     result.assert_outcomes(passed=1)
     assert (_report(pytester)["settings"]["rounds"], _report(pytester)["settings"]["warmup"]) == (2, 3)

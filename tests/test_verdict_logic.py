@@ -24,8 +24,9 @@ def test_warm_up_runs_until_two_rounds_agree_within_bounds():
     assert warm_until_stable(_rounds([1.0, 1.0, 1.0, 1.0, 1.0]), minimum=5, maximum=13) == [1.0] * 5
     assert warm_until_stable(_rounds([9, 1, 9, 1]), minimum=1, maximum=4) == [9, 1, 9, 1]  # never stable: capped
     assert warm_until_stable(_rounds([]), minimum=0, maximum=0) == []
-    assert warmup_bounds(1, compiled=False, cuda=False) == (1, 1)  # CPU: exactly what was asked
-    assert warmup_bounds(1, compiled=True, cuda=False) == (2, 2)  # ... but a compiled first call never counts
+    assert warmup_bounds(1, compiled=False, cuda=False) == (1, 4)  # CPU: what was asked, then up to 3 more
+    assert warmup_bounds(1, compiled=True, cuda=False) == (2, 5)  # ... a compiled first call never counts
+    assert warmup_bounds(0, compiled=False, cuda=True) == (0, 0)  # 0 asked: no warm-up on any device
     assert warmup_bounds(1, compiled=True, cuda=True)[0] == 5  # compiled on CUDA: at least 5
     assert warmup_bounds(3, compiled=False, cuda=True)[1] > 3
 

@@ -9,12 +9,12 @@ concurrent serving) or says that no further change is needed.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 from ..errors import OptConfigError
+from ..files import read_json
 from .advice import Advice, Figure
 from .change import Change, find, parse_technique, replace_family
 from .compat import compatibility_questions, flash_attention_capable
@@ -59,15 +59,9 @@ def validate_report(report: Any, what: str = "--from-report") -> dict[str, Any]:
 
 def load_report(path: str | Path, what: str = "--from-report") -> dict[str, Any]:
     """Read and validate a JSON report; every problem is an ``OptConfigError`` naming ``what``."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise OptConfigError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        report = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise OptConfigError(f"{what}: {path} is not JSON ({exc}); accepted: a report written by "
-                             f"pytest --opt-report-json=PATH") from None
+    # the guarded reader: a FIFO, a huge file, deep nesting or a 5000-digit number is one clear error
+    report = read_json(Path(path).expanduser(), what="the report", source=what,
+                       remedy="accepted: a report written by pytest --opt-report-json=PATH")
     return validate_report(report, what)
 
 
@@ -139,7 +133,8 @@ def _pick_test(tests: list[dict[str, Any]], model: str | None) -> tuple[dict[str
         else:
             notes.append(f"no test in the report used {model}; all of its tests were considered")
     ran = [t for t in tests if t.get("outcome") in ("passed", "failed", "error")]
-    failed = [t for t in ran if t.get("outcome") != "passed"]
+    # a failed budget under --opt-budgets=warn passes the test: still the first thing to fix
+    failed = [t for t in ran if t.get("outcome") != "passed" or t.get("failed_budgets")]
     if failed:
         return failed[0], notes
     if ran:

@@ -7,13 +7,13 @@ models), or a hub id already present in the local Hugging Face cache (read offli
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import OptConfigError
+from ..files import read_json
 
 # Architectures whose MLP is a plain up/down projection (2 matrices), not Llama's gated gate/up/down.
 _NON_GATED = {"gpt2", "gpt_neo", "gpt_neox", "gptj", "opt", "phi", "falcon", "bloom", "codegen", "starcoder2"}
@@ -29,6 +29,7 @@ _LLAMA_SHAPED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2")
 _REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
 BUILTIN_DEFAULT = "tiny-random-llama"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+MAX_CONFIG_INT = 2**40
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,8 @@ def _positive_int(raw: dict[str, Any], key: str, where: str) -> int | None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise _config_error(where, f"{alias}={value!r} is not a positive whole number")
+        if value > MAX_CONFIG_INT:  # a crafted config: no real model has a dimension past 2**40
+            raise _config_error(where, f"{alias}={value!r} is beyond any model (at most {MAX_CONFIG_INT})")
         return value
     return None
 
@@ -153,12 +156,9 @@ def shape_from_dict(raw: dict[str, Any], name: str, where: str | None = None) ->
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise OptConfigError(f"--model: cannot read {path}: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise OptConfigError(f"--model: {path} is not valid JSON ({exc})") from None
+    # the guarded reader: a FIFO, a huge file, deep nesting or a 5000-digit number is one clear error
+    raw = read_json(path, what="the config", source="--model",
+                    remedy="accepted: a model's config.json (as written by save_pretrained)")
     if not isinstance(raw, dict):
         raise OptConfigError(f"--model: {path} holds a JSON {type(raw).__name__}, not a config object")
     return raw
@@ -195,11 +195,11 @@ def load_model_shape(source: Any, revision: str | None = None) -> ModelShape:
         return shape_from_dict(tiny_model_config(text).to_dict(), text, f"built-in model {text}")
     if path.is_dir():
         config_path = path / "config.json"
-        if not config_path.is_file():
+        if not config_path.exists():  # a FIFO or folder there is the guarded reader's clear error
             raise OptConfigError(f"--model: folder {text} has no config.json; accepted: a model folder, "
                                  f"a config.json path, a hub id in the local cache, or tiny-random-llama")
         return shape_from_dict(_read_json(config_path), text, str(config_path))
-    if path.is_file():
+    if path.exists():  # a file, or a FIFO / device the guarded reader refuses without blocking
         return shape_from_dict(_read_json(path), str(path.parent) if path.name == "config.json" else text, text)
     if _HUB_ID.match(text):
         cached = _cached_hub_config(text, revision)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
+from ..files import write_atomic
 from .advice import Advice, ValidationPlan
 
 SENTENCE = "The cat eats the red apple every morning."  # ~10 tokens with common tokenizers
@@ -118,16 +118,7 @@ def validation_test_source(advice: Advice) -> str:
 
 
 def write_test(advice: Advice, path: str | os.PathLike[str]) -> Path:
-    """Write the validation test atomically (a temporary file in the same folder, then os.replace)."""
-    target = Path(path)
-    source = validation_test_source(advice)
-    handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(source)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write the validation test atomically, with the permissions of any new file (``files.write_atomic``)."""
+    target = Path(path).expanduser()
+    write_atomic(target, validation_test_source(advice))
     return target
