@@ -237,7 +237,7 @@ def _stored_context(session: "OptSession", plan: "TestPlan", workload: Workload)
     return StoredContext(store, key, stored, ok, why)
 
 
-MEASURE_ANNOUNCE_AFTER_S = 15.0
+MEASURE_ANNOUNCE_AFTER_S = 20.0  # then a line every progress.HEARTBEAT_S: no silence over 30 s
 
 
 def run_bench(session: "OptSession", plan: "TestPlan", get_base: Callable[[], OptModel], opt: OptModel,
@@ -248,7 +248,7 @@ def run_bench(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Op
     hardware replaces it, so a 4-bit test on a small GPU can be judged against a baseline captured on
     a large one. A measurement still running after ``MEASURE_ANNOUNCE_AFTER_S`` gets progress lines.
     """
-    with long_work(f"measuring [{', '.join(opt.labels)}] in {plan.nodeid}", after_s=MEASURE_ANNOUNCE_AFTER_S) as work:
+    with long_work(f"measuring [{', '.join(plan.declared)}] in {plan.nodeid}", after_s=MEASURE_ANNOUNCE_AFTER_S) as work:
         return _measure(session, plan, get_base, opt, workload, work)
 
 

@@ -82,7 +82,7 @@ def _sink() -> _Sink | None:
     return sink if sink is not None and sink.reporter is not None else None
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: two pieces of work may read the same
 class Work:
     """One piece of long work; set ``status`` to say where it is (shown in heartbeat lines)."""
 
@@ -96,15 +96,30 @@ class Work:
         return time.perf_counter() - self.started
 
 
+_RUNNING: list[Work] = []  # innermost last; an announced inner piece of work speaks for the outer ones
+
+
+def _covered(work: Work) -> bool:
+    running = list(_RUNNING)
+    return work in running and any(inner.announced for inner in running[running.index(work) + 1:])
+
+
+def _start_line(work: Work, detail: str) -> str:
+    return f"{work.what}{f' ({detail})' if detail else ''} ..."
+
+
 def _heartbeat(sink: _Sink, work: Work, detail: str, after_s: float, stop: threading.Event) -> None:
-    if after_s > 0 and stop.wait(after_s):
-        return
-    if not work.announced:
-        work.announced = True
-        sink.write(f"{work.what}{f' ({detail})' if detail else ''} ...")
-    while not stop.wait(HEARTBEAT_S):
-        status = f": {work.status}" if work.status else ""
-        sink.write(f"still {work.what}{status} ({work.elapsed_s:.0f} s so far)")
+    delay = after_s if not work.announced else HEARTBEAT_S
+    while not stop.wait(delay):
+        delay = HEARTBEAT_S
+        if _covered(work):
+            continue
+        if not work.announced:
+            work.announced = True
+            sink.write(_start_line(work, detail))
+        else:
+            status = f": {work.status}" if work.status else ""
+            sink.write(f"still {work.what}{status} ({work.elapsed_s:.0f} s so far)")
 
 
 @contextmanager
@@ -122,10 +137,11 @@ def long_work(what: str, *, detail: str = "", after_s: float = 0.0) -> Iterator[
         return
     if after_s <= 0:
         work.announced = True
-        sink.write(f"{what}{f' ({detail})' if detail else ''} ...")
+        sink.write(_start_line(work, detail))
     stop = threading.Event()
     thread = threading.Thread(target=_heartbeat, args=(sink, work, detail, after_s, stop), daemon=True,
                               name="transformers-opt-progress")
+    _RUNNING.append(work)
     thread.start()
     outcome = "stopped after"  # a skip or an interrupt
     try:
@@ -137,5 +153,6 @@ def long_work(what: str, *, detail: str = "", after_s: float = 0.0) -> Iterator[
     finally:
         stop.set()
         thread.join()
+        _RUNNING.remove(work)
         if work.announced:
             sink.write(f"{what}: {outcome} {format_duration(work.elapsed_s)}")

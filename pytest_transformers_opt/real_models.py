@@ -113,6 +113,10 @@ def check_gguf_folder(path: Path, gguf_file: str | None, where: str) -> bool:
         held = gguf_files_in(path)
         raise OptConfigError(f"{where}: gguf_file={gguf_file!r} is not in {str(path)!r}; "
                              + (f"its GGUF files: {', '.join(held)}" if held else "the folder holds no .gguf file"))
+    problem = _gguf_problem()
+    if problem:  # a package missing here: a skip, as for any technique's
+        raise RealModelUnavailable(f"{where}: gguf_file={gguf_file!r} needs {problem}; install it with: "
+                                   f"pip install gguf")
     return True
 
 

