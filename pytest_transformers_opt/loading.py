@@ -68,7 +68,7 @@ class ModelRequest:
 
 def resolve_model_path(request: ModelRequest) -> str:
     """A local folder for built-in names and folders; hub ids are passed through to transformers."""
-    import_quietly()  # a test's first import of transformers can be here (building a built-in model)
+    import_quietly()  # the plugin's first use of transformers in a test comes after this (it imports hqq, inductor)
     name = request.name_or_path
     where = f"opt_model {name!r} (from {request.origin})"
     if is_tiny_model(name):
@@ -116,7 +116,6 @@ def _check_weights(path: Path, request: ModelRequest, where: str) -> None:
 
 def read_model_config(request: ModelRequest, path: str) -> Any:
     """The model's config (no weights), for probes; raises a clear error on remote code or a bad folder."""
-    import_quietly()  # a test's first import of transformers happens here (it imports hqq, inductor...)
     if is_tiny_model(request.name_or_path):
         return tiny_model_config(request.name_or_path)
     from transformers import AutoConfig
@@ -139,15 +138,15 @@ def read_model_config(request: ModelRequest, path: str) -> Any:
 FINGERPRINT_SAMPLES = 64  # elements read per parameter, evenly spaced, compared exactly
 # Summed a slice at a time: reductions to float64 cast their input first, and a float64 copy of a whole
 # weight is a transient of twice its float32 size; on CPU glibc then keeps memory the process freed
-# (measured: 0.5 GiB more resident after a 100M-parameter model was released). Small slices on CPU stay
-# within glibc's reused blocks; on a GPU a slice's copy is small next to its memory.
-FINGERPRINT_CHUNK = {"cpu": 2**16, "other": 2**22}
+# (measured: 0.1-1.2 GiB more resident after a 100M-parameter model was released; 64 KiB slices, one at
+# a time: as without the fingerprint). On a GPU a slice's copy is small next to its memory.
+FINGERPRINT_CHUNK = {"cpu": 2**13, "other": 2**22}
 
 
 def weights_fingerprint(model: Any) -> dict[str, tuple[Any, ...]]:
     """A cheap summary of every parameter: dtype, device, shape, an evenly spaced sample of its
-    elements and its float64 sum: one pass over the weights (measured on one thread of a shared 2-core CPU:
-    0.15-0.3 s for a 135M-parameter model, under 1 ms for tiny-random-llama; memory-bound on a GPU).
+    elements and its float64 sum: one pass over the weights (measured on one CPU thread: 0.09 s for a
+    135M-parameter model in float32 or bfloat16, under 1 ms for tiny-random-llama; memory-bound on a GPU).
 
     The sample catches whole-tensor changes (``mul_``, ``copy_``, ``normal_``) exactly; the sum catches
     a changed row or element anywhere. Quantized weights (bitsandbytes int8 / packed 4-bit) are plain
@@ -166,8 +165,11 @@ def weights_fingerprint(model: Any) -> dict[str, tuple[Any, ...]]:
                     continue
                 flat = param.detach().reshape(-1)
                 sample = flat[::max(1, flat.numel() // FINGERPRINT_SAMPLES)][:FINGERPRINT_SAMPLES].to("cpu", copy=True)
-                chunk = FINGERPRINT_CHUNK["cpu" if flat.device.type == "cpu" else "other"]
-                total = float(torch.stack([part.sum(dtype=torch.float64) for part in flat.split(chunk)]).sum())
+                if flat.device.type == "cpu":  # one small transient at a time
+                    total = sum(float(part.sum(dtype=torch.float64)) for part in flat.split(FINGERPRINT_CHUNK["cpu"]))
+                else:  # one device synchronisation per parameter
+                    total = float(torch.stack([part.sum(dtype=torch.float64)
+                                               for part in flat.split(FINGERPRINT_CHUNK["other"])]).sum())
                 # float64 sums of the same values differ in the last bits with another reduction order
                 # (thread count); an edit of the weights moves them far more than this
                 tolerance = 1e-9 * abs(total) + 1e-12 * flat.numel() * float(sample.abs().max().to(torch.float64))
@@ -325,7 +327,6 @@ LOAD_ANNOUNCE_AFTER_S = 5.0
 def load_model(request: ModelRequest, path: str, load_techniques: list[Technique], ctx: ProbeContext,
                device: str, key: tuple[Any, ...]) -> LoadedModel:
     """``from_pretrained`` with the load-time techniques, timed, with peak memory over load + first forward."""
-    import_quietly()  # before a technique's configure_load can import a quantization backend
     import torch
     from transformers import AutoModelForCausalLM
 

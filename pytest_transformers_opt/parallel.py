@@ -250,7 +250,7 @@ def run_tensor_parallel(model_path: str, *, dtype: str | None, tp_size: int, pro
         stdout_path, stderr_path = work / "torchrun.out", work / "torchrun.err"
         start = time.perf_counter()
         announce = long_work(f"running {label} in {tp_size} torchrun processes",
-                             detail=f"{rounds + warmup} rounds, time limit {timeout_s:g} s")
+                             detail=f"{rounds + warmup} round{'s' * (rounds + warmup != 1)}, time limit {timeout_s:g} s")
         with announce, stdout_path.open("wb") as stdout, stderr_path.open("wb") as stderr:
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env,
                                     cwd=str(work), start_new_session=True)

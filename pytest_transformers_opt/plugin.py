@@ -92,7 +92,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     report = yield
     session = item.config.stash.get(SESSION_KEY, None)
     # a record exists once opt_plan ran, also for a test that asked for it through getfixturevalue
-    if session is not None and (item.nodeid in session.records or OPT_FIXTURES & set(getattr(item, "fixturenames", ()))):
+    if session is not None and (item.nodeid in session.records
+                                or OPT_FIXTURES & set(getattr(item, "fixturenames", ()))):
         session.note_report(item, report)
         if session.is_xdist_worker:  # travels to the controller with the report
             report.opt_entries = entries_of(session.records[item.nodeid])  # type: ignore[attr-defined]
