@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from types import SimpleNamespace
 
@@ -105,7 +106,8 @@ def test_a_failing_rank_is_named(tmp_path) -> None:
     message = str(info.value)
     assert not isinstance(info.value, TensorParallelUnavailable)
     assert "tensor_parallel(tp_size=2) exited with status" in message
-    assert "rank 0 failed: " in message and "no-such-model" in message
+    # whichever rank fails first is named; torchrun may stop the other before it writes its report
+    assert re.search(r"rank [01] failed: [^\n]*no-such-model", message), message
     assert "torchrun stderr (tail)" in message
 
 
