@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from .errors import OptConfigError
 from .files import JsonProblem, parse_json, read_limited, write_atomic
-from .similarity import NEAR_TIE_LOGPROB_GAP, Similarity, common_prefix, compare_runs
+from .similarity import NEAR_TIE_LOGPROB_GAP, PREFIX_ONLY_NOTE, Similarity, common_prefix, compare_runs, diverged
 
 try:  # POSIX; elsewhere writes are still atomic, only not serialised between processes
     import fcntl
@@ -547,8 +547,12 @@ class BaselineStore:
 
 
 def similarity_against_stored(stored: StoredBaseline, optimized_tokens: list[list[int]],
-                              optimized_logprobs: list[Any] | None, requested: int) -> Similarity:
+                              optimized_logprobs: list[Any] | None, requested: int,
+                              forced_logprobs: list[Any] | None = None) -> Similarity:
     """``compare_runs`` with the baseline side read from a stored baseline.
+
+    ``forced_logprobs`` (the optimized configuration decoding the stored tokens) replace
+    ``optimized_logprobs`` for KL and top-1, at every stored position, as in ``compare_runs``.
 
     ``token_match`` is exactly ``compare_runs``'. KL(baseline || optimized) is estimated from the
     stored top-k: the k ids one by one plus the rest as one bucket (the optimized rest is the mass of
@@ -566,6 +570,9 @@ def similarity_against_stored(stored: StoredBaseline, optimized_tokens: list[lis
         return result
     if len(optimized_logprobs) != len(optimized_tokens):
         raise ValueError(f"{len(optimized_tokens)} optimized sequences but {len(optimized_logprobs)} log-probability tensors")
+    forced = forced_logprobs is not None
+    if forced and len(forced_logprobs) != len(stored.tokens):  # type: ignore[arg-type]
+        raise ValueError(f"{len(stored.tokens)} stored sequences but {len(forced_logprobs)} forced log-probability tensors")  # type: ignore[arg-type]
     kls: list[float] = []
     agreements: list[float] = []
     ties: list[bool] = []
@@ -573,8 +580,10 @@ def similarity_against_stored(stored: StoredBaseline, optimized_tokens: list[lis
     for index, (base_seq, opt_seq) in enumerate(zip(stored.tokens, optimized_tokens)):
         prefix = common_prefix(base_seq, opt_seq)
         stored_steps = stored.topk[index]
-        opt_lp = torch.as_tensor(optimized_logprobs[index]).detach().to("cpu", torch.float64)
-        steps = min(prefix + 1, len(stored_steps), opt_lp.shape[0])
+        source = forced_logprobs if forced else optimized_logprobs
+        opt_lp = torch.as_tensor(source[index]).detach().to("cpu", torch.float64)  # type: ignore[index]
+        # forced: every stored position has the stored context; free: up to the first divergent step
+        steps = min(len(stored_steps) if forced else prefix + 1, len(stored_steps), opt_lp.shape[0])
         if steps == 0:
             continue
         width = max(len(s["ids"]) for s in stored_steps[:steps])
@@ -614,4 +623,6 @@ def similarity_against_stored(stored: StoredBaseline, optimized_tokens: list[lis
     result.near_tie = bool(ties) and all(ties)
     result.note = (f"KL estimated from stored top-k (k={stored.k}), a lower bound; baseline tokens and "
                    f"distributions from stored baseline {stored.key}")
+    if not forced and diverged(stored.tokens, optimized_tokens):
+        result.note += f"; {PREFIX_ONLY_NOTE}"
     return result

@@ -29,7 +29,7 @@ from .measure import PeakReading, Timings, track_peak_memory
 from .progress import Work, long_work
 from .options import MAX_ROUNDS, MAX_WARMUP
 from .results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload
-from .similarity import compare_runs
+from .similarity import compare_runs, diverged
 from .units import parse_non_negative_int
 
 if TYPE_CHECKING:
@@ -300,9 +300,23 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         problem = technique.verify_run(opt.model, verification.evidence)
         if problem:
             raise OptProofError(f"silent fallback: {problem}")
+    notes.extend(verification.evidence.notes)  # how the run was set up (e.g. continuous batching's sizing)
+    # KL and top-1 at every position: when the free run diverged, the optimized configuration decodes
+    # the baseline's tokens once more (outside the timings and the memory reading above)
+    if stored is not None:
+        target = stored.tokens if stored.topk is not None else None  # a tokens-only store has no KL to measure
+    else:
+        target = reference.tokens  # type: ignore[union-attr]
+    forced = None
+    if target is not None and verification.logprobs is not None and len(target) == len(verification.tokens) \
+            and diverged(target, verification.tokens):
+        work.status = "forced run (the baseline's tokens)"
+        forced = once(opt, force_tokens=target).logprobs
+        notes.append(f"free-running tokens diverged: KL and top-1 from a forced run of the optimized configuration "
+                     f"decoding the baseline's tokens ({len(target)} prompts x {workload.max_new_tokens} positions)")
     if stored is not None:
         similarity = similarity_against_stored(stored, verification.tokens, verification.logprobs,
-                                               workload.max_new_tokens)
+                                               workload.max_new_tokens, forced)
         notes.append(f"similarity against the stored baseline {stored_ctx.store.path_for(stored_ctx.key)}"  # type: ignore[union-attr]
                      f" (KL is a lower bound from its top-{stored.k})")
         if not stored_ctx.measurements_ok:  # type: ignore[union-attr]
@@ -312,7 +326,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
                          "speedup compares against its medians, not interleaved rounds")
     else:
         similarity = compare_runs(reference.tokens, verification.tokens, workload.max_new_tokens,  # type: ignore[union-attr]
-                                  reference.logprobs, verification.logprobs)  # type: ignore[union-attr]
+                                  reference.logprobs, verification.logprobs, forced)  # type: ignore[union-attr]
 
     recompiles: list[int] = []
 
@@ -337,6 +351,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         optimized = _side(opt_timings, peak=_peak(opt, opt_memory), load_time=opt.loaded.load_time_s,
                           texts=verification.texts, memory=opt_memory, compile_time=compile_time,
                           recompiles=sum(recompiles) if opt.generation.compile else None)
+        optimized.paged_cache_bytes = verification.evidence.paged_cache_bytes
         return OptResult(
             baseline=baseline,
             optimized=optimized,
@@ -411,13 +426,17 @@ def _run_tensor_parallel_bench(session: "OptSession", plan: "TestPlan", base: Op
             max_new_tokens=workload.max_new_tokens, batch_size=workload.batch_size, rounds=workload.rounds,
             warmup=workload.warmup, device_type=session.hardware.device_type, attn_implementation=attention,
             revision=request.revision, trust_remote_code=request.trust_remote_code,
-            from_pretrained_kwargs=dict(request.from_pretrained_kwargs))
+            from_pretrained_kwargs=dict(request.from_pretrained_kwargs), force_tokens=reference.tokens)
     except TensorParallelUnavailable as exc:
         pytest.skip(exc.reason)
     problem = tp.problem()
     if problem:
         raise OptProofError(f"silent fallback: {problem}")
-    similarity = compare_runs(reference.tokens, tp.tokens, workload.max_new_tokens, reference.logprobs, tp.logprobs)
+    similarity = compare_runs(reference.tokens, tp.tokens, workload.max_new_tokens, reference.logprobs, tp.logprobs,
+                              tp.forced_logprobs)
+    forced_note = ([f"free-running tokens diverged: KL and top-1 from a forced run in the ranks decoding the "
+                    f"baseline's tokens ({len(reference.tokens)} prompts x {workload.max_new_tokens} positions)"]
+                   if tp.forced_logprobs is not None else [])
     return OptResult(
         baseline=_side(base_timings, peak=_peak(base, base_memory), load_time=base.loaded.load_time_s,
                        texts=reference.texts, memory=base_memory),
@@ -427,7 +446,7 @@ def _run_tensor_parallel_bench(session: "OptSession", plan: "TestPlan", base: Op
         model={"name_or_path": request.name_or_path, "revision": request.revision, "dtype": plan.probe_context.dtype},
         notes=[f"tensor_parallel: {tp.world_size} torchrun ranks, {min(tp.sharded_params)} sharded parameters per "
                f"rank; peak memory is the largest rank's; baseline and optimized rounds ran as two blocks, not "
-               f"interleaved"],
+               f"interleaved", *forced_note],
     )
 
 

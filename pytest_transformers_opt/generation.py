@@ -88,6 +88,33 @@ class _FirstTokenTimer:
         return scores
 
 
+class ForceTokens:
+    """A logits processor that makes generation decode given tokens (forced decoding).
+
+    At step ``i`` (read from the length of ``input_ids``, so it holds for any cache or compiled
+    forward) row ``r`` gets every score set to -inf except ``tokens[r][i]``: greedy then picks that
+    token, and the next step's distribution is the configuration's own at the baseline's context. A
+    row whose tokens are exhausted (a baseline that stopped early) is left as it is. The raw
+    distributions are read from ``output_logits`` (taken before any processor); this one goes last so
+    no other processor changes the forced choice.
+    """
+
+    def __init__(self, tokens: list[list[int]], prompt_length: int) -> None:
+        self.tokens = [list(t) for t in tokens]
+        self.prompt_length = prompt_length
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        step = input_ids.shape[1] - self.prompt_length
+        forced = scores
+        for row, wanted in enumerate(self.tokens):
+            if 0 <= step < len(wanted):
+                if forced is scores:
+                    forced = scores.clone()
+                forced[row].fill_(float("-inf"))
+                forced[row, wanted[step]] = 0.0
+        return forced
+
+
 def _batches(items: list[Any], size: int) -> Iterator[list[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -159,8 +186,18 @@ def install_compile_counter(opt: "OptModel") -> bool:
 
 
 def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, batch_size: int | None = None,
-                   keep_logits: bool = False, spy: bool = False, extra: dict[str, Any] | None = None) -> GenerationRun:
-    """Run the prompts once through ``opt`` and return tokens, texts, timing and evidence."""
+                   keep_logits: bool = False, spy: bool = False, extra: dict[str, Any] | None = None,
+                   force_tokens: list[list[int]] | None = None) -> GenerationRun:
+    """Run the prompts once through ``opt`` and return tokens, texts, timing and evidence.
+
+    ``force_tokens`` (one token list per prompt): decode these tokens instead of the greedy ones
+    (:class:`ForceTokens`), with the configuration's own generate arguments; implies ``keep_logits``."""
+    if force_tokens is not None:
+        if opt.generation.continuous_batching is not None:
+            raise ValueError("forced decoding needs generate(); continuous batching returns tokens only")
+        if len(force_tokens) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(force_tokens)} forced token lists")
+        keep_logits = True
     if opt.generation.continuous_batching is not None:
         return _run_continuous_batching(opt, prompts, max_new_tokens)
     import torch
@@ -175,7 +212,7 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
     latencies: list[float] = []
     ttfts: list[float] = []
     round_start = now(device)
-    for batch in _batches(prompts, size):
+    for first, batch in zip(range(0, len(prompts), size), _batches(prompts, size)):
         encoded = tokenizer(batch, return_tensors="pt", padding=True).to(device)
         timer = _FirstTokenTimer(device)
         kwargs: dict[str, Any] = dict(
@@ -186,6 +223,9 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
         kwargs.update(extra or {})
         # the timer first, then any processors a technique or the caller added
         kwargs["logits_processor"] = [timer, *kwargs.get("logits_processor", [])]
+        if force_tokens is not None:
+            kwargs["logits_processor"].append(ForceTokens(force_tokens[first : first + len(batch)],
+                                                          encoded["input_ids"].shape[1]))
         spying = _spy_attention(model, evidence) if spy and not opt.generation.compile else contextlib.nullcontext()
         # outside the clock reads: the lines are written before ``start`` and after ``end``
         announce = (long_work(f"compiling [{', '.join(opt.labels)}] with torch.compile", detail="first generate call")
@@ -214,22 +254,66 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
                          evidence=evidence)
 
 
+class _DropPersistentManagerWarning(logging.Filter):
+    """transformers warns that a persistent manager is sized for this workload: it is, and it is freed after the call."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "persistent_manager=True" not in record.getMessage()
+
+
+logging.getLogger("ContinuousBatchingLogger").addFilter(_DropPersistentManagerWarning())
+
+
+def _paged_cache_bytes(model: Any) -> int | None:
+    """Bytes of the paged KV cache tensor the last ``generate_batch(persistent_manager=True)`` allocated."""
+    manager = getattr(model, "_cached_continuous_batching_manager", None)
+    cache = getattr(getattr(manager, "batch_processor", None), "cache", None)
+    tensor = getattr(cache, "cache_tensor", None)
+    return int(tensor.nbytes) if tensor is not None else None
+
+
 def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens: int) -> GenerationRun:
     """``generate_batch()``: all prompts scheduled together; per-request timestamps give TTFT."""
     from transformers import GenerationConfig
     from transformers.generation import ContinuousBatchingConfig
 
-    tokenizer, device = opt.tokenizer, opt.device
+    from .techniques.catalogue import size_continuous_batching
+    from .units import format_bytes
+
+    tokenizer, device, model = opt.tokenizer, opt.device, opt.model
     inputs = [tokenizer.encode(p) for p in prompts]
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=NEVER_STOP,
                               pad_token_id=tokenizer.pad_token_id)
-    cb_config = ContinuousBatchingConfig(**(opt.generation.continuous_batching or {}))
-    with _technique_contexts(opt):
-        start = now(device)
-        outputs = opt.model.generate_batch(inputs=inputs, generation_config=config,
+    given = opt.generation.continuous_batching or {}
+    page_size = given.get("page_size", ContinuousBatchingConfig.page_size)
+    lengths = [len(i) for i in inputs]
+    sized, derived = size_continuous_batching(given, lengths, max_new_tokens, page_size)
+    cb_config = ContinuousBatchingConfig(**sized)
+    # a manager left by an interrupted run would be reused, sized for its own workload
+    model.destroy_cached_continuous_batching_manager()
+    try:
+        with _technique_contexts(opt):
+            start = now(device)
+            # persistent: the manager outlives the call, so its cache's bytes can be read (then freed below)
+            outputs = model.generate_batch(inputs=inputs, generation_config=config,
                                            continuous_batching_config=cb_config, record_timestamps=True,
-                                           progress_bar=False)
-        end = now(device)
+                                           progress_bar=False, persistent_manager=True)
+            end = now(device)
+        cache_bytes = _paged_cache_bytes(model)
+    finally:
+        manager = getattr(model, "_cached_continuous_batching_manager", None)
+        if manager is not None:
+            manager.batch_processor = None  # drops the cache tensor now, not at the next collection
+        model.destroy_cached_continuous_batching_manager()
+    notes: list[str] = []
+    if derived:
+        figures = ", ".join(f"{k}={sized[k]}{'' if k in derived else ' (given)'}"
+                            for k in ("num_blocks", "max_batch_tokens") if k in sized)
+        how = "; ".join(f"{k} = {why}" for k, why in derived.items())
+        notes.append(f"continuous_batching sized for the workload: {figures} (derived: {how})")
+    if cache_bytes is not None:
+        notes.append(f"continuous_batching's paged KV cache preallocated {format_bytes(cache_bytes)} "
+                     f"({cb_config.num_blocks} blocks of {page_size} tokens); it is part of the optimized peak memory")
     # generate_batch names requests req_0, req_1 ... in input order
     ordered = [outputs[k] for k in sorted(outputs, key=lambda k: int(str(k).rsplit("_", 1)[-1]))]
     errors = [o.error for o in ordered if getattr(o, "error", None)]
@@ -238,7 +322,8 @@ def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens
     tokens = [list(o.generated_tokens) for o in ordered]
     ttfts = [o.timestamps[0] - o.created_time for o in ordered if getattr(o, "timestamps", None)]
     evidence = RunEvidence(used_generate_batch=True, requested=len(prompts),
-                           finished_requests=sum(1 for o in ordered if o.is_finished()), attention_backend_calls=None)
+                           finished_requests=sum(1 for o in ordered if o.is_finished()), attention_backend_calls=None,
+                           paged_cache_bytes=cache_bytes, notes=notes)
     steps = len(tokens[0]) if tokens else 0
     timing = RoundTiming(latency_s=end - start, ttft_s=(sum(ttfts) / len(ttfts)) if ttfts else None, steps=steps,
                          tokens=sum(len(t) for t in tokens), total_s=end - start)

@@ -106,6 +106,8 @@ class TensorParallelRun:
     threads_per_rank: int | None
     wall_s: float  # the whole torchrun launch, start-up and teardown included
     per_rank: list[dict[str, Any]] = field(default_factory=list)
+    # per prompt, rank 0's forced run decoding ``force_tokens``; None when not asked or the tokens matched
+    forced_logprobs: list[Any] | None = None
 
     def timings(self) -> Timings:
         return Timings(rounds=list(self.rounds), warmup_s=list(self.warmup_s))
@@ -194,8 +196,8 @@ def _read_ranks(out_dir: Path, tp_size: int, timed_out: bool) -> tuple[list[dict
     return reports, problems
 
 
-def _load_logprobs(out_dir: Path, report: dict[str, Any]) -> list[Any] | None:
-    name = report.get("logprobs_file")
+def _load_logprobs(out_dir: Path, report: dict[str, Any], key: str = "logprobs_file") -> list[Any] | None:
+    name = report.get(key)
     if not name:
         return None
     from safetensors.torch import load_file
@@ -208,8 +210,12 @@ def run_tensor_parallel(model_path: str, *, dtype: str | None, tp_size: int, pro
                         batch_size: int, rounds: int, warmup: int, device_type: str = "cpu",
                         attn_implementation: str = "eager", timeout_s: float = 300, revision: str | None = None,
                         trust_remote_code: bool = False, from_pretrained_kwargs: dict[str, Any] | None = None,
-                        generate_kwargs: dict[str, Any] | None = None) -> TensorParallelRun:
+                        generate_kwargs: dict[str, Any] | None = None,
+                        force_tokens: list[list[int]] | None = None) -> TensorParallelRun:
     """Run the workload in ``tp_size`` torchrun processes and collect what each rank measured.
+
+    ``force_tokens`` (the baseline's, one list per prompt): when the ranks' free run diverges from
+    them, they also decode them (forced decoding) and ``forced_logprobs`` holds that run's distributions.
 
     Raises :class:`TensorParallelUnavailable` (with ``.reason``) when torch.distributed or its backend
     is missing here, and ``RuntimeError`` naming the failing rank's error and torchrun's stderr tail
@@ -233,6 +239,7 @@ def run_tensor_parallel(model_path: str, *, dtype: str | None, tp_size: int, pro
         "warmup": int(warmup), "device_type": device_type, "attn_implementation": attn_implementation,
         "timeout_s": float(timeout_s), "revision": revision, "trust_remote_code": bool(trust_remote_code),
         "from_pretrained_kwargs": dict(from_pretrained_kwargs or {}), "generate_kwargs": dict(generate_kwargs or {}),
+        "force_tokens": None if force_tokens is None else [list(map(int, t)) for t in force_tokens],
     }
     label = f"tensor_parallel(tp_size={tp_size})"
     work = Path(tempfile.mkdtemp(prefix="pto-tp-"))
@@ -279,6 +286,7 @@ def run_tensor_parallel(model_path: str, *, dtype: str | None, tp_size: int, pro
             sharded_params=[int(r.get("sharded_params", 0)) for r in ok], peak_memory_bytes=max(peaks) if peaks else None,
             load_time_s=max(float(r["load_time_s"]) for r in ok), memory_method=str(first.get("memory_method", "")),
             threads_per_rank=threads, wall_s=wall, per_rank=ok,
+            forced_logprobs=_load_logprobs(out_dir, first, "forced_logprobs_file"),
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)

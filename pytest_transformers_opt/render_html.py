@@ -338,7 +338,7 @@ def kl_chart(report: Mapping[str, Any]) -> str:
         lo, hi = (min(positive), max(positive)) if positive else (1e-4, 1e-1)
         scale = LogScale(max(lo, hi * 1e-10), hi, lambda v: f"{v:.0e}".replace("e-0", "e-").replace("e+0", "e"))
     return _svg_chart(
-        "chart-kl", "KL(baseline ‖ optimized), mean over the shared prefix (log scale)", rows, scale,
+        "chart-kl", "KL(baseline ‖ optimized), mean over every generated position (log scale)", rows, scale,
         legend=[("KL mean", OPT_COLOR), ("over budget", FAIL_COLOR), ("max_kl", "marker")],
         axis_note="log scale",
     )
@@ -485,6 +485,9 @@ def _results_table(report: Mapping[str, Any]) -> str:
             elif key == "outcome" and value.startswith("skipped: "):
                 cells.append(f'<td class="outcome-skipped">skipped<span class="reason">'
                              f'{_e(value[len("skipped: "):])}</span></td>')
+            elif key == "outcome" and outcome in ("failed", "error") and value.startswith(f"{outcome}: "):
+                cells.append(f'<td class="outcome-{_e(outcome)}">{_e(outcome)}<span class="reason">'
+                             f'{_e(value[len(outcome) + 2:])}</span></td>')  # text.outcome_text's one-line reason
             elif key == "outcome":
                 cells.append(f'<td class="outcome-{_e(outcome)}">{_e(value)}</td>')
             elif key in ("failed_budgets", "regression"):

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from .report import failure_reason
 from .units import format_bytes, format_duration
 
 MISSING = "-"
@@ -265,6 +266,8 @@ def outcome_text(test: Mapping[str, Any]) -> str:
     if outcome in ("skipped", "xfailed", "xpassed"):  # skip_reason holds the xfail reason for the latter
         reason = test.get("skip_reason")
         return f"{outcome}: {_one_line(reason)}" if reason else outcome
+    if test.get("error") and (outcome == "error" or outcome == "failed" and not failed_budget_names(test)):
+        return f"{outcome}: {failure_reason(test.get('error'))}"  # a budget failure has its own column
     return outcome
 
 
@@ -376,18 +379,15 @@ def estimate_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
 
 
 def problem_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
-    """Failed and errored tests whose failure is not (only) a budget, with the error's first line."""
+    """Failed and errored tests whose failure is not (only) a budget, with the one-line reason of each."""
     rows = []
     for test in sort_tests(_tests(report)):
         if test.get("outcome") not in ("failed", "error"):
             continue
         if failed_budget_names(test) and test.get("outcome") == "failed":
             continue
-        lines = [line for line in str(test.get("error") or "").splitlines() if line.strip()]
-        message = lines[0].strip() if lines else "no message recorded"
-        if len(message) > 300:
-            message = message[:297] + "..."
-        rows.append({"test": str(test.get("nodeid")), "outcome": str(test.get("outcome")), "error": message})
+        rows.append({"test": str(test.get("nodeid")), "outcome": str(test.get("outcome")),
+                     "error": failure_reason(test.get("error"))})
     return rows
 
 

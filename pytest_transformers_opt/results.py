@@ -62,6 +62,7 @@ class SideMetrics:
     memory_method: str = ""
     device_memory_used_bytes: int | None = None  # CUDA: NVML's figure, including memory torch does not see
     reserved_memory_bytes: int | None = None  # CUDA: peak the caching allocator reserved during generation
+    paged_cache_bytes: int | None = None  # continuous batching: its paged KV cache's preallocated bytes (in the peak)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

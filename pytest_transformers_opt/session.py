@@ -285,6 +285,8 @@ class OptSession:
     # -- outcomes -----------------------------------------------------------------------------------
     def note_report(self, item: pytest.Item, report: pytest.TestReport) -> None:
         """Keep each test's outcome (and skip reason / error) for the report."""
+        from .report import ERROR_CHARS  # the JSON keeps the whole error: its reason may come late (compiler output)
+
         record = self.record(item.nodeid)
         if hasattr(report, "wasxfail") and (report.skipped or report.passed):
             # pytest's xfail / xpass (a strict xpass is a plain failure, without wasxfail); the reason is
@@ -292,7 +294,7 @@ class OptSession:
             record.outcome = "xfailed" if report.skipped else "xpassed"
             record.skip_reason = str(report.wasxfail).removeprefix("reason: ") or None
             crash = getattr(report.longrepr, "reprcrash", None)
-            record.error = crash.message[:4000] if report.skipped and getattr(crash, "message", None) else None
+            record.error = crash.message[:ERROR_CHARS] if report.skipped and getattr(crash, "message", None) else None
         elif report.skipped:
             record.outcome = "skipped"
             longrepr = report.longrepr
@@ -302,7 +304,7 @@ class OptSession:
             record.outcome = "failed" if report.when == "call" else "error"
             crash = getattr(report.longrepr, "reprcrash", None)
             if crash is not None and getattr(crash, "message", None):
-                record.error = crash.message[:4000]
+                record.error = crash.message[:ERROR_CHARS]
             else:
                 text = report.longreprtext.strip().splitlines()
                 record.error = "\n".join(text[-12:]) if text else None

@@ -1,11 +1,18 @@
-"""How close the optimized outputs are to the baseline's, on the prefix they share.
+"""How close the optimized outputs are to the baseline's.
 
-For each prompt, the common prefix is the run of greedy tokens equal in both. Next-token
-distributions are compared at every step whose context is still identical (the prefix plus the
-first divergent step): KL(baseline || optimized), and whether the top-1 tokens agree.
-``token_match`` is the prefix length over the requested length. A divergence where the baseline
+``token_match`` comes from free-running greedy generation: for each prompt, the common prefix is
+the run of greedy tokens equal in both, over the requested length. A divergence where the baseline
 itself had two tokens within ``NEAR_TIE_LOGPROB_GAP`` nats is a near-tie: float rounding may pick
 either, so for lossless techniques it counts as a match.
+
+Next-token distributions (KL(baseline || optimized), and whether the top-1 tokens agree) are
+compared at every generated position with identical contexts. When the free runs produced the same
+tokens, their distributions already are; when they diverged, the optimized configuration runs again
+through its own generation path while being forced to decode the baseline's tokens
+(``forced_logprobs``, see ``generation.run_generation(force_tokens=...)``), so every one of the
+``max_new_tokens`` positions of every prompt is compared. Without a forced run (a side that returns
+no distributions for forced tokens) only the shared prefix plus the first divergent step is compared,
+and the note says so.
 """
 
 from __future__ import annotations
@@ -48,9 +55,23 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+PREFIX_ONLY_NOTE = ("KL on the shared prefix only: the runs diverged and the optimized side has no forced run, "
+                    "so KL and top-1 cover the common prefix and the first divergent step")
+
+
+def diverged(baseline_tokens: list[list[int]], optimized_tokens: list[list[int]]) -> bool:
+    """Whether any prompt's free-running tokens differ: then a forced run is needed for KL at every position."""
+    return len(baseline_tokens) != len(optimized_tokens) or any(
+        list(b) != list(o) for b, o in zip(baseline_tokens, optimized_tokens))
+
+
 def compare_runs(baseline_tokens: list[list[int]], optimized_tokens: list[list[int]], requested: int,
-                 baseline_logprobs: list[Any] | None = None, optimized_logprobs: list[Any] | None = None) -> Similarity:
-    """Similarity of two greedy runs over the same prompts (see module docstring)."""
+                 baseline_logprobs: list[Any] | None = None, optimized_logprobs: list[Any] | None = None,
+                 forced_logprobs: list[Any] | None = None) -> Similarity:
+    """Similarity of two greedy runs over the same prompts (see module docstring).
+
+    ``forced_logprobs``: the optimized configuration's distributions while decoding the baseline's
+    tokens; when given, they replace ``optimized_logprobs`` for KL and top-1 at every position."""
     if len(baseline_tokens) != len(optimized_tokens):
         raise ValueError(f"baseline has {len(baseline_tokens)} sequences, optimized {len(optimized_tokens)}")
     requested = max(requested, 1)
@@ -61,12 +82,17 @@ def compare_runs(baseline_tokens: list[list[int]], optimized_tokens: list[list[i
         result.note = "no per-step distributions on one side (continuous batching returns tokens only)"
         result.near_tie = False
         return result
+    forced = forced_logprobs is not None
+    if forced and len(forced_logprobs) != len(baseline_tokens):  # type: ignore[arg-type]
+        raise ValueError(f"baseline has {len(baseline_tokens)} sequences, forced run {len(forced_logprobs)}")  # type: ignore[arg-type]
     kls: list[float] = []
     agreements: list[float] = []
     ties: list[bool] = []
     for index, prefix in enumerate(prefixes):
-        base_lp, opt_lp = baseline_logprobs[index].double(), optimized_logprobs[index].double()
-        steps = min(prefix + 1, base_lp.shape[0], opt_lp.shape[0])
+        base_lp = baseline_logprobs[index].double()
+        opt_lp = (forced_logprobs if forced else optimized_logprobs)[index].double()  # type: ignore[index]
+        # forced: every position has the baseline's context; free: up to the first divergent step
+        steps = min(base_lp.shape[0] if forced else prefix + 1, base_lp.shape[0], opt_lp.shape[0])
         if steps == 0:
             continue
         b, o = base_lp[:steps], opt_lp[:steps]
@@ -84,4 +110,6 @@ def compare_runs(baseline_tokens: list[list[int]], optimized_tokens: list[list[i
         result.kl_max = max(kls) if finite else math.nan
         result.top1 = sum(agreements) / len(agreements)
     result.near_tie = bool(ties) and all(ties)
+    if not forced and diverged(baseline_tokens, optimized_tokens):
+        result.note = PREFIX_ONLY_NOTE
     return result

@@ -6,8 +6,11 @@ nccl on CUDA), loads the model sharded with ``DistributedConfig(tp_size=N)``, co
 that really are shards (the proof), then runs the workload the way the in-process bench does
 (:func:`generation.run_generation`: greedy, exactly ``max_new_tokens``, left padding): warm-up rounds,
 the verification run (log-probabilities, generation memory), timed rounds, each started together
-after a barrier. Every rank writes ``OUT_DIR/rank{r}.json``; rank 0 also writes the verification
-log-probabilities to ``OUT_DIR/logprobs.safetensors`` (safetensors, never pickle). An exception is
+after a barrier; then, when the spec has ``force_tokens`` (the baseline's) and the verification run
+diverged from them, a forced run decoding them (KL at every position). Every rank writes
+``OUT_DIR/rank{r}.json``; rank 0 also writes the verification log-probabilities to
+``OUT_DIR/logprobs.safetensors`` and the forced run's to ``OUT_DIR/forced_logprobs.safetensors``
+(safetensors, never pickle). An exception is
 written as ``{"error": ...}`` into the rank's file and the process exits non-zero.
 """
 
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 LOGPROBS_FILE = "logprobs.safetensors"
+FORCED_LOGPROBS_FILE = "forced_logprobs.safetensors"  # the forced run's, when the spec has force_tokens
 
 
 def rank_file(out_dir: Path, rank: int) -> Path:
@@ -179,12 +183,26 @@ def run(spec: dict[str, Any], out_dir: Path, rank: int, world_size: int, local_r
     result["tokens"] = verification.tokens
     result["texts"] = verification.texts
     result["rounds"] = [dataclasses.asdict(once().timing) for _ in range(int(spec["rounds"]))]
-    if rank == 0 and verification.logprobs is not None:
+    forced = None
+    force_tokens = spec.get("force_tokens")
+    if force_tokens is not None:
+        # forced decoding of the baseline's tokens, after the timed rounds (outside every figure), when
+        # the free run diverged; rank 0 decides for all, so every rank takes part in the same collectives
+        decision = [verification.tokens != force_tokens]
+        dist.broadcast_object_list(decision, src=0)
+        if decision[0]:
+            dist.barrier()
+            forced = run_generation(opt, prompts, new_tokens, batch_size=batch, force_tokens=force_tokens).logprobs
+    result["forced_run"] = forced is not None
+    if rank == 0:
         from safetensors.torch import save_file
 
-        tensors = {str(i): _plain(t).detach().float().cpu().contiguous() for i, t in enumerate(verification.logprobs)}
-        save_file(tensors, str(out_dir / LOGPROBS_FILE))
-        result["logprobs_file"] = LOGPROBS_FILE
+        for name, key, logprobs in ((LOGPROBS_FILE, "logprobs_file", verification.logprobs),
+                                    (FORCED_LOGPROBS_FILE, "forced_logprobs_file", forced)):
+            if logprobs is not None:
+                tensors = {str(i): _plain(t).detach().float().cpu().contiguous() for i, t in enumerate(logprobs)}
+                save_file(tensors, str(out_dir / name))
+                result[key] = name
     dist.barrier()
     return result
 

@@ -597,7 +597,7 @@ def test_resolve_random_names_only_raise_opt_config_error(name: str) -> None:
     (["bnb_4bit", "bnb_8bit"], ["bnb_4bit and bnb_8bit conflict", "weight quantization"]),
     (["static_cache", "offloaded_cache"], ["static_cache and offloaded_cache conflict", "KV cache"]),
     (["compile", techniques.quantized_cache()], ["compile and quantized_cache", "compileable (static) cache"]),
-    (["continuous_batching", "compile"], ["continuous_batching(max_batch_tokens=512) and compile conflict",
+    (["continuous_batching", "compile"], ["continuous_batching and compile conflict",
                                          "generate_batch()"]),
     (["sdpa", "sdpa"], ["technique 'sdpa' is given twice"]),
 ])

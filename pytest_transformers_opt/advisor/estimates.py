@@ -31,6 +31,7 @@ OFFLOADED_LAYERS_ON_DEVICE = 2  # current layer + the one prefetched
 # instead, because the context does take room on the card.
 RUNTIME_OVERHEAD_BYTES = {"cpu": 0, "cuda": 8 * 2**20}
 RUNTIME_RESERVE_BYTES = {"cuda": 2**30, "cpu": 2**30}
+RESERVE_LABEL = "runtime reserve"  # the part of a StageEstimate that holds RUNTIME_RESERVE_BYTES
 _LEARNED_POSITIONS = ("gpt2", "gpt_neo", "opt")  # position embeddings are parameters there
 
 
@@ -329,6 +330,21 @@ class StageEstimate:
     def total(self) -> int:
         return sum(value for _, value in self.parts)
 
+    @property
+    def reserve(self) -> int:
+        """The runtime reserve part: kept free in the fit check, never part of a measured peak delta."""
+        return sum(value for label, value in self.parts if label.startswith(RESERVE_LABEL))
+
+    @property
+    def workload(self) -> int:
+        """What the workload itself needs at this stage (the total less the runtime reserve)."""
+        return self.total - self.reserve
+
+
+def reserve_what(device: str) -> str:
+    """What the runtime reserve stands for on ``device``."""
+    return "CUDA context, allocator" if device == "cuda" else "Python, torch"
+
 
 def stage_estimates(shape: ModelShape, dtype: str, techniques: Iterable[Change | str] | None,
                     input_tokens: int, max_new_tokens: int, batch_size: int, concurrency: int = 1, *,
@@ -357,8 +373,7 @@ def stage_estimates(shape: ModelShape, dtype: str, techniques: Iterable[Change |
     base = (
         (f"weights ({quant_name or dtype}{f', 1/{tp_size} per GPU' if tp_size > 1 else ''})",
          weight_bytes(shape, dtype, quant_name) // tp_size),
-        ("runtime reserve (CUDA context, allocator)" if device == "cuda" else "runtime reserve (Python, torch)",
-         reserve),
+        (f"{RESERVE_LABEL} ({reserve_what(device)})", reserve),
     )
     cache_label = cache_change.label() if cache_change else "dynamic"
     prefill_tokens = batch_size * input_tokens

@@ -15,10 +15,11 @@ from typing import Any
 
 from ..errors import OptConfigError
 from ..files import read_json
+from ..report import failure_reason
 from .advice import Advice, Figure
 from .change import Change, find, parse_technique, replace_family
 from .compat import compatibility_questions, flash_attention_capable
-from .docs import default_similarity, documentation_for, tradeoffs_for
+from .docs import default_similarity, documentation_for, measurable, tradeoffs_for
 from .estimates import normalize_dtype, weight_bytes
 from .model_config import ModelShape, is_builtin_model, load_model_shape
 from .recommend import (apply_change, budgets_for, max_batch_tokens_for, recommend, size_literal, title_for,
@@ -199,8 +200,9 @@ def _next_quality(stack: list[Change]) -> tuple[Change | None, str, list[Change]
         tp = Change("tensor_parallel", {"tp_size": 2})
         return tp, ("8-bit weights missed the similarity budget: keep full-precision weights and split them over "
                     "2 GPUs instead."), [c for c in stack if c.family != "weights"] + [tp]
-    return None, ("A lossless technique missed its similarity budget: rerun in float32 (budgets min_token_match=1.0, "
-                  "max_kl=1e-3) to tell numerical noise from a bug; no new technique is proposed."), stack
+    strict = ", ".join(f"{name}={limit:g}" for name, limit in default_similarity(stack, "float32").items())
+    return None, (f"A lossless technique missed its similarity budget: rerun in float32 (budgets {strict}) to tell "
+                  f"numerical noise from a bug; no new technique is proposed."), stack
 
 
 def _next_speed(stack: list[Change], workload: Workload, hardware: dict[str, Any] | None,
@@ -313,7 +315,7 @@ def _decide(test: dict[str, Any], stack: list[Change], shape: ModelShape | None,
         else:
             why = f"The technique was skipped, so nothing was measured: {reason}."
     elif outcome == "error" and not _OOM.search(str(test.get("error") or "")):
-        error = str(test.get("error") or "no message recorded").strip().splitlines()[0][:200]
+        error = failure_reason(test.get("error"))
         why = f"The run errored before measuring: {error}. Fix that first; no new technique is proposed."
     elif outcome == "error" or any(name in MEMORY_BUDGETS for name in failed):
         headline += "" if outcome == "error" else f"; failed {', '.join(failed)}"
@@ -393,4 +395,5 @@ def _build(change: Change | None, stack: list[Change], stage: str | None, shape:
         user_limit = _budget_limit(test, name)
         if user_limit is not None and defaults.get(name) != user_limit:
             advice.budgets[name] = user_limit
+    advice.budgets = measurable(stack, advice.budgets)  # the written test must be able to pass as written
     return advice

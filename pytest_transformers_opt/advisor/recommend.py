@@ -22,7 +22,7 @@ from .advice import Advice, Figure, ValidationPlan
 from .change import Change, find, replace_family
 from .compat import compatibility_questions, flash_attention_capable
 from .docs import default_similarity, documentation_for, tradeoffs_for
-from .estimates import STAGES, StageEstimate, count_params, stage_estimates, weight_bytes
+from .estimates import STAGES, StageEstimate, count_params, reserve_what, stage_estimates, weight_bytes
 from .model_config import ModelShape, is_builtin_model, load_model_shape
 from .workload import MEMORY_STAGES, Resolved, Workload, describe_limit, resolve
 
@@ -223,16 +223,16 @@ def choose_stage(ctx: Context) -> tuple[str, list[str]]:
         extra = [] if problem in (None, broken.stage) else [
             f"You reported {problem}, but the estimates say the workload breaks earlier, at {broken.stage}: "
             f"that has to be fixed first."]
-        return broken.stage, [f"Stage that breaks first: {broken.stage}: it needs {format_bytes(broken.total)} "
-                              f"(estimate) against {describe_limit(ctx.resolved)}."] + extra
+        return broken.stage, [f"Stage that breaks first: {broken.stage}: it needs {needs_text(broken)} "
+                              f"against {describe_limit(ctx.resolved)}."] + extra
     if problem in MEMORY_STAGES:
         basis = ("the estimates fit, but they can miss fragmentation or other processes on the device; "
                  "what you observed takes precedence over the estimate"
                  if ctx.limit is not None else "memory was not stated, so the reported stage is used")
         return problem, [f"Stage: {problem}, as reported; {basis}."]  # type: ignore[list-item]
     if ctx.limit is not None:
-        return "speed", [f"No stage breaks: the peak of {format_bytes(ctx.peak(ctx.current))} (estimate) fits "
-                         f"{describe_limit(ctx.resolved)}."]
+        peak = max(ctx.stages(ctx.current), key=lambda stage: stage.total)
+        return "speed", [f"No stage breaks: the peak, {needs_text(peak)}, fits {describe_limit(ctx.resolved)}."]
     return "speed", ["Memory was not stated and no problem stage was given: the workload is assumed to fit, "
                      "and the goal is speed."]
 
@@ -243,8 +243,28 @@ def stack_text(stack: list[Change]) -> str:
     return f"with {' + '.join(c.label() for c in stack)}" if stack else "as is (eager, no optimization)"
 
 
+def needs_text(stage: StageEstimate) -> str:
+    """A stage's need as the fit check counts it: the workload's own peak plus the runtime reserve."""
+    if not stage.reserve:
+        return f"{format_bytes(stage.total)} (estimate)"
+    return (f"{format_bytes(stage.workload)} (estimate) plus the {format_bytes(stage.reserve)} runtime reserve, "
+            f"{format_bytes(stage.total)} in all")
+
+
 def stage_figures(ctx: Context, stack: list[Change], prefix: str = "") -> list[Figure]:
-    return [Figure(f"{prefix}peak at stage {stage.stage}", stage.total, "estimate") for stage in ctx.stages(stack)]
+    """Each stage's peak as the workload needs it: what the plugin measures (a delta over what was resident
+    before load), so without the runtime reserve, which reserve_figure states once."""
+    return [Figure(f"{prefix}peak at stage {stage.stage}", stage.workload, "estimate") for stage in ctx.stages(stack)]
+
+
+def reserve_figure(ctx: Context) -> list[Figure]:
+    """The runtime reserve the fit check keeps free on top of every stage's peak (none when not counted)."""
+    reserve = ctx.stages([])[0].reserve
+    if not reserve:
+        return []
+    what = reserve_what(ctx.resolved.device)
+    return [Figure(f"runtime reserve ({what}) kept free on top of each peak when checking the fit; not part of "
+                   f"what the plugin measures", reserve, "estimate")]
 
 
 def _largest_fitting(ctx: Context, key: str, current: int) -> int | None:
@@ -370,6 +390,7 @@ def recommend(shape: ModelShape, resolved: Resolved, hardware: dict[str, Any] | 
     if broken is not None:
         figures += [Figure(f"  {label}", value, "estimate") for label, value in broken.parts]
     figures += stage_figures(ctx, stack, prefix=f"{stack_text(stack)}: ")
+    figures += reserve_figure(ctx)
     if resolved.memory_limit_bytes is not None:
         where = "GPU memory" if resolved.device == "cuda" else "CPU RAM"
         figures.append(Figure(f"{where} available", resolved.memory_limit_bytes, resolved.memory_limit_source))

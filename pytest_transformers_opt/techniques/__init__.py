@@ -120,7 +120,10 @@ def tensor_parallel(tp_size: int = 2) -> TechniqueSpec:
     return TechniqueSpec.of("tensor_parallel", tp_size=tp_size)
 
 
-def continuous_batching(max_batch_tokens: int = 512, **config: Any) -> TechniqueSpec:
+def continuous_batching(max_batch_tokens: int | None = None, **config: Any) -> TechniqueSpec:
     """``generate_batch()``; ``config`` goes to ``ContinuousBatchingConfig`` (num_blocks, page_size,
-    max_memory_percent, max_requests_per_batch): without a bound its cache takes a share of free memory."""
-    return TechniqueSpec.of("continuous_batching", max_batch_tokens=max_batch_tokens, **config)
+    max_memory_percent, max_requests_per_batch). ``max_batch_tokens`` and ``num_blocks`` not given are
+    derived from the workload (``size_continuous_batching``); given ones win."""
+    if max_batch_tokens is not None:
+        config["max_batch_tokens"] = max_batch_tokens
+    return TechniqueSpec.of("continuous_batching", **config)

@@ -76,6 +76,8 @@ class RunEvidence:
     used_generate_batch: bool = False
     finished_requests: int = 0
     requested: int = 0
+    paged_cache_bytes: int | None = None  # continuous batching: bytes its paged KV cache preallocated
+    notes: list[str] = field(default_factory=list)  # how this run was set up, for the result's notes
 
 
 class Technique:
