@@ -11,7 +11,7 @@ from typing import Any
 from ..budgets import default_similarity as plugin_default_similarity
 from ..budgets import worst_quality
 from ..techniques.base import LOSSLESS
-from ..techniques.catalogue import BUILTIN_TECHNIQUES
+from ..techniques.catalogue import BUILTIN_TECHNIQUES, CB_BLOCK_MARGIN
 from .change import Change, find
 
 OVERVIEW = "Transformers docs: Inference optimization overview"
@@ -95,8 +95,8 @@ _TRADEOFFS: dict[str, list[str]] = {
     ],
     "continuous_batching": [
         "Throughput rises under concurrent load; a single request's latency may rise while others share the GPU.",
-        "Memory: the paged KV cache is preallocated up front, sized for the workload's requests and lengths (with a 25% "
-        "margin) unless you give num_blocks; in production size it for your peak concurrency.",
+        "Memory: the paged KV cache is preallocated up front, sized for the workload's requests and lengths (with a "
+        f"{CB_BLOCK_MARGIN - 1:.0%} margin) unless you give num_blocks; in production size it for your peak concurrency.",
         "Code change: requests go through generate_batch() instead of generate().",
     ],
     "tensor_parallel": [
