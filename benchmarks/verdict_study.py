@@ -11,6 +11,14 @@ Runs real pytest sessions with the plugin against the built-in model and counts 
   run): each must fail every time.
 
 Usage: ``python benchmarks/verdict_study.py [--null 100] [--slow 25] [--broken 10] [--out FILE]``.
+
+``--similarity`` measures instead what default similarity budgets are set from: KL mean, top-1 and
+token_match of every lossy technique (and lossless ones, for the bf16 class) on ``smollm2-135m`` and
+``tiny-random-llama`` in float32 and bfloat16, over prompt sets of the default workload's shape, and of
+injected breakage on ``smollm2-135m`` (NaN logits, one changed token, lm_head or every Linear x1.1, a
+silent fallback). Budgets run in warn mode so that every run reports its figures; the table gives the
+median and min-max over the prompt sets:
+``python benchmarks/verdict_study.py --similarity [--sets 4] [--broken-sets 1] [--models a,b] [--skip LABELS]``.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -119,8 +128,31 @@ CONFTEST = textwrap.dedent('''
             gen.kwargs["disable_compile"] = True
 
 
+    class ScaledWeights(Technique):
+        """Weights off by 10%: lm_head (untied from the embedding) or every Linear times 1.1, at load."""
+        name = "scaled_weights"
+        family = "study"
+        summary = "injected weight error"
+        load_time = True  # its own loaded model: the baseline's stays untouched
+        accepted_params = {"target": "'lm_head' or 'linear'", "factor": "float"}
+
+        def after_load(self, model):
+            factor = float(self.params.get("factor", 1.1))
+            with torch.no_grad():
+                if self.params.get("target", "linear") == "lm_head":
+                    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight * factor, requires_grad=False)
+                    model.config.tie_word_embeddings = False
+                    return
+                for module in model.modules():
+                    if isinstance(module, torch.nn.Linear) and module is not model.lm_head:
+                        module.weight.mul_(factor)
+                # the tied lm_head gets its own scaled copy; the input embedding stays as it was
+                model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight * factor, requires_grad=False)
+                model.config.tie_word_embeddings = False
+
+
     def pytest_opt_register_techniques(registry):
-        for technique in (NullAB, SlowDown, NanLogits, ChangedToken, CompileFallback):
+        for technique in (NullAB, SlowDown, NanLogits, ChangedToken, CompileFallback, ScaledWeights):
             registry.register(technique)
 ''')
 
@@ -168,14 +200,151 @@ def run_study(null: int, slow: int, broken: int, extra_args: list[str]) -> dict:
     return {"tally": tally, "seconds": elapsed, "settings": data["settings"]}
 
 
+# --- similarity mode: the figures that default similarity budgets are set from --------------------
+# Prompt sets of the default workload's shape (3 prompts); the first is the plugin's default workload.
+PROMPT_SETS = (
+    ("Explain gravity in one sentence.", "The cat sees", "Name the capital of France."),
+    ("Write a haiku about the sea.", "def fibonacci(n):", "What is the boiling point of water?"),
+    ("List three primary colors.", "Once upon a time, in a small village,", "Translate 'good morning' to Spanish."),
+    ("Why is the sky blue?", "The quick brown fox", "Give one tip for writing clear code."),
+)
+# (label, class, technique expression): every lossy technique, and lossless ones for the bf16 class
+HEALTHY = (
+    ("sdpa", "lossless", '"sdpa"'),
+    ("static_cache", "lossless", '"static_cache"'),
+    ("bnb_8bit", "8-bit weights", '"bnb_8bit"'),
+    ("quanto_int8", "8-bit weights", '"quanto_int8"'),
+    ("bnb_4bit(nf4)", "4-bit weights / quantized KV", 'TechniqueSpec.of("bnb_4bit", quant_type="nf4")'),
+    ("hqq_4bit", "4-bit weights / quantized KV", '"hqq_4bit"'),
+    ("quantized_cache(quanto,4)", "4-bit weights / quantized KV",
+     'TechniqueSpec.of("quantized_cache", backend="quanto", nbits=4)'),
+)
+BROKEN = (
+    ("NaN logits", '"nan_logits"'),
+    ("one changed token", '"changed_token"'),
+    ("lm_head x1.1", 'TechniqueSpec.of("scaled_weights", target="lm_head")'),
+    ("every Linear x1.1", 'TechniqueSpec.of("scaled_weights", target="linear")'),
+    ("silent fallback (compile never ran)", '"compile_fallback"'),
+)
+SIMILARITY_MODELS = ("smollm2-135m", "tiny-random-llama")
+BROKEN_MODEL = "smollm2-135m"
+DTYPES = ("float32", "bfloat16")
+
+
+def _similarity_cases(sets: int, models: tuple[str, ...], skip: frozenset[str],
+                      broken_sets: int = 1) -> list[tuple[str, str, str, str, str, int]]:
+    """(case id, model, dtype, label, technique expression, prompt set), grouped so that each loaded model
+    serves its tests in a row (the session keeps only 3 loaded)."""
+    cases = []
+    for model in models:
+        for dtype in DTYPES:
+            rows = [(label, expr, sets) for label, _, expr in HEALTHY if label not in skip]
+            if model == BROKEN_MODEL:  # far from healthy figures: fewer prompt sets tell enough
+                rows += [(label, expr, broken_sets) for label, expr in BROKEN if label not in skip]
+            for number, (label, expr, count) in enumerate(rows):
+                for index in range(count):
+                    cases.append((f"{model}-{dtype}-t{number}-set{index}", model, dtype, label, expr, index))
+    return cases
+
+
+def _similarity_tests(cases: list[tuple[str, str, str, str, str, int]], max_new_tokens: int) -> str:
+    params = ",\n    ".join(
+        f"pytest.param({index}, marks=[pytest.mark.opt_model({model!r}, dtype={dtype!r}), "
+        f"pytest.mark.optimization({expr})], id={case!r})"
+        for case, model, dtype, _, expr, index in cases)
+    return (f"import pytest\nfrom pytest_transformers_opt.techniques import TechniqueSpec\n\n"
+            f"PROMPT_SETS = {PROMPT_SETS!r}\n\nCASES = [\n    {params},\n]\n\n\n"
+            f"@pytest.mark.parametrize(\"prompt_set\", CASES)\n"
+            f"def test_case(opt_bench, prompt_set):\n"
+            f"    opt_bench(prompts=list(PROMPT_SETS[prompt_set]), max_new_tokens={max_new_tokens})\n")
+
+
+def run_similarity(sets: int, max_new_tokens: int, models: tuple[str, ...], skip: frozenset[str],
+                   extra_args: list[str], broken_sets: int = 1) -> dict:
+    """One pytest session per model, budgets in warn mode so that every run reports its figures."""
+    label_of = {case: (model, dtype, label)
+                for case, model, dtype, label, _, _ in _similarity_cases(sets, models, skip, broken_sets)}
+    rows: list[dict] = []
+    started = time.perf_counter()
+    for model in models:
+        cases = _similarity_cases(sets, (model,), skip, broken_sets)
+        with tempfile.TemporaryDirectory(prefix="verdict-study-sim-") as folder:
+            root = Path(folder)
+            (root / "conftest.py").write_text(CONFTEST)
+            (root / "test_similarity.py").write_text(_similarity_tests(cases, max_new_tokens))
+            report = root / "report.json"
+            subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                            "-W", "ignore", "--opt-budgets=warn", "--opt-rounds=1", "--opt-warmup=0",
+                            f"--opt-report-json={report}", *extra_args, "test_similarity.py"],
+                           cwd=root, check=False, stdout=subprocess.DEVNULL, env=os.environ.copy())
+            data = json.loads(report.read_text())
+        for test in data["tests"]:
+            case = test["nodeid"].split("[", 1)[1].rstrip("]")
+            similarity = test.get("similarity") or {}
+            rows.append({"case": case, "key": label_of[case], "outcome": test["outcome"],
+                         "why": test.get("skip_reason") or next(iter((test.get("error") or "").strip().splitlines()), ""),
+                         "kl": similarity.get("kl_mean"), "top1": similarity.get("top1"),
+                         "token_match": similarity.get("token_match")})
+    return {"rows": rows, "seconds": time.perf_counter() - started}
+
+
+def _spread(values: list[float | None]) -> str:
+    """median (min-max) of the finite figures; NaN (written as null) counted and shown apart."""
+    import statistics
+
+    finite = [v for v in values if v is not None]
+    nan = len(values) - len(finite)
+    if not finite:
+        return "NaN" if nan else "-"
+    text = f"{statistics.median(finite):.3g} ({min(finite):.3g}-{max(finite):.3g})"
+    return text + (f", {nan} NaN" if nan else "")
+
+
+def similarity_table(result: dict, sets: int, max_new_tokens: int) -> str:
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for row in result["rows"]:
+        groups.setdefault(row["key"], []).append(row)
+    klass = {label: k for label, k, _ in HEALTHY} | {label: "injected breakage" for label, _ in BROKEN}
+    lines = [f"{sets} prompt set(s) (breakage: fewer, see runs) x 3 prompts, max_new_tokens={max_new_tokens}, rounds=1 warmup=0, "
+             f"--opt-budgets=warn ({result['seconds']:.0f} s); each cell: median (min-max) over the prompt sets", "",
+             "| model | dtype | technique | class | runs | KL mean | top-1 | token_match | outcome |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (model, dtype, label), rows in groups.items():
+        outcomes = sorted({r["outcome"] for r in rows})
+        why = next((r["why"] for r in rows if r["outcome"] != "passed" and r["why"]), "")
+        outcome = ", ".join(outcomes) + (f": {why[:90]}" if why else "")
+        lines.append(f"| {model} | {dtype} | {label} | {klass[label]} | {len(rows)} | {_spread([r['kl'] for r in rows])} | "
+                     f"{_spread([r['top1'] for r in rows])} | {_spread([r['token_match'] for r in rows])} | {outcome} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--null", type=int, default=100)
     parser.add_argument("--slow", type=int, default=25, help="runs per injected slowdown")
     parser.add_argument("--broken", type=int, default=10, help="runs per injected breakage")
+    parser.add_argument("--similarity", action="store_true",
+                        help="instead: KL / top-1 / token_match of every lossy technique and injected breakage")
+    parser.add_argument("--sets", type=int, default=len(PROMPT_SETS), help="similarity: prompt sets (1 to 4)")
+    parser.add_argument("--broken-sets", type=int, default=1, help="similarity: prompt sets per injected breakage")
+    parser.add_argument("--max-new-tokens", type=int, default=24, help="similarity: tokens per prompt")
+    parser.add_argument("--models", default=",".join(SIMILARITY_MODELS), help="similarity: comma-separated")
+    parser.add_argument("--skip", default="", help="similarity: comma-separated technique labels to leave out")
     parser.add_argument("--out", type=Path, default=None, help="also write the Markdown table here")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, e.g. --opt-rounds=7")
     args = parser.parse_args(argv)
+    if args.similarity:
+        sets = max(1, min(args.sets, len(PROMPT_SETS)))
+        models = tuple(m for m in args.models.split(",") if m)
+        # commas inside a label's parentheses, quantized_cache(quanto,4), do not separate labels
+        skip = frozenset(s.strip() for s in re.split(r",(?![^()]*\))", args.skip) if s.strip())
+        broken_sets = max(1, min(args.broken_sets, len(PROMPT_SETS)))
+        text = similarity_table(run_similarity(sets, args.max_new_tokens, models, skip, args.pytest_args,
+                                               broken_sets), sets, args.max_new_tokens)
+        print(text)
+        if args.out:
+            args.out.write_text(text + "\n")
+        return 0
     result = run_study(args.null, args.slow, args.broken, args.pytest_args)
     settings = result["settings"]
     lines = [f"rounds={settings['rounds']} warmup={settings['warmup']} ({result['seconds']:.0f} s)", "",
