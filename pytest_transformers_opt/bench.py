@@ -29,7 +29,7 @@ from .measure import PeakReading, Timings, track_peak_memory
 from .progress import Work, long_work
 from .options import MAX_ROUNDS, MAX_WARMUP
 from .results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload
-from .similarity import compare_runs, diverged
+from .similarity import compare_runs, diverged, forced_run_note
 from .units import parse_non_negative_int
 
 if TYPE_CHECKING:
@@ -312,8 +312,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
             and diverged(target, verification.tokens):
         work.status = "forced run (the baseline's tokens)"
         forced = once(opt, force_tokens=target).logprobs
-        notes.append(f"free-running tokens diverged: KL and top-1 from a forced run of the optimized configuration "
-                     f"decoding the baseline's tokens ({len(target)} prompts x {workload.max_new_tokens} positions)")
+        notes.append(forced_run_note(len(target), workload.max_new_tokens))
     if stored is not None:
         similarity = similarity_against_stored(stored, verification.tokens, verification.logprobs,
                                                workload.max_new_tokens, forced)
@@ -434,8 +433,7 @@ def _run_tensor_parallel_bench(session: "OptSession", plan: "TestPlan", base: Op
         raise OptProofError(f"silent fallback: {problem}")
     similarity = compare_runs(reference.tokens, tp.tokens, workload.max_new_tokens, reference.logprobs, tp.logprobs,
                               tp.forced_logprobs)
-    forced_note = ([f"free-running tokens diverged: KL and top-1 from a forced run in the ranks decoding the "
-                    f"baseline's tokens ({len(reference.tokens)} prompts x {workload.max_new_tokens} positions)"]
+    forced_note = ([forced_run_note(len(reference.tokens), workload.max_new_tokens, "in the ranks")]
                    if tp.forced_logprobs is not None else [])
     return OptResult(
         baseline=_side(base_timings, peak=_peak(base, base_memory), load_time=base.loaded.load_time_s,

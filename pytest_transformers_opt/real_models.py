@@ -154,14 +154,11 @@ def detach_gguf_quantizer(model: Any) -> None:
     remove = getattr(quantizer, "remove_quantization_config", None)
     if remove is not None:  # what transformers does itself after a de-quantizing load
         remove(model)
-    model.hf_quantizer = None
+    else:
+        model.hf_quantizer = None
+        if "quantization_config" in vars(model.config):
+            del model.config.quantization_config
     model.is_quantized = False
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is not None and "quantization_config" in vars(config):
-            del config.quantization_config
-        if config is not None and getattr(config, "_is_quantized", False):
-            config._is_quantized = False
 
 
 def convert_gguf(folder: str | Path, gguf_file: str, out: str | Path, work: Work | None = None) -> Path:

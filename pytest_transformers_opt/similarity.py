@@ -59,6 +59,12 @@ PREFIX_ONLY_NOTE = ("KL on the shared prefix only: the runs diverged and the opt
                     "so KL and top-1 cover the common prefix and the first divergent step")
 
 
+def forced_run_note(prompts: int, positions: int, where: str = "of the optimized configuration") -> str:
+    """The note a result carries when its KL and top-1 come from a forced run (free-running tokens diverged)."""
+    return (f"free-running tokens diverged: KL and top-1 from a forced run {where} decoding the baseline's tokens "
+            f"({prompts} prompts x {positions} positions)")
+
+
 def diverged(baseline_tokens: list[list[int]], optimized_tokens: list[list[int]]) -> bool:
     """Whether any prompt's free-running tokens differ: then a forced run is needed for KL at every position."""
     return len(baseline_tokens) != len(optimized_tokens) or any(

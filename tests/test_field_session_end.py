@@ -242,3 +242,36 @@ def test_no_number_in_a_compare_report_can_crash_the_comparison():
     assert verdict["t.py::test_x"] == {"verdict": "not comparable", "details": [
         "different workload: max_new_tokens <int too long to print> -> 4"]}
     assert math.isfinite(new["optimized"]["latency_s"])
+
+
+STOP_AND_RERUN = '''
+import pytest
+
+@pytest.mark.optimization("sdpa", max_latency="1 us")
+def test_a_over_budget(opt_bench):
+    opt_bench(max_new_tokens=4)
+
+@pytest.mark.optimization("sdpa")
+def test_b_never_started_under_x(opt_bench):
+    opt_bench(max_new_tokens=4)
+'''
+
+
+def test_stop_at_first_failure_then_rerun_the_last_failed(pytester):
+    """``-x`` then ``--lf``, as a user chases a red gate: each report holds exactly the tests that ran, with
+    their real outcomes (a test -x never started is not a row, nor "interrupted")."""
+    pytester.makepyfile(test_user=STOP_AND_RERUN)
+    args = ("-p", "cacheprovider", "--opt-rounds=1", "--opt-warmup=0", "--opt-report-json=report.json")
+    stopped = pytester.runpytest(*args, "-x")
+    assert "INTERNALERROR" not in stopped.stdout.str() + stopped.stderr.str()
+    stopped.assert_outcomes(failed=1)
+    report = _strict_json(pytester.path / "report.json")
+    assert [(t["nodeid"], t["outcome"], t["failed_budgets"]) for t in report["tests"]] == [
+        ("test_user.py::test_a_over_budget", "failed", ["max_latency"])]
+    assert report["summary"]["failed"] == 1 and report["summary"]["passed"] == 0
+
+    rerun = pytester.runpytest(*args, "--lf")
+    rerun.assert_outcomes(failed=1, passed=0)
+    report = _strict_json(pytester.path / "report.json")
+    assert [t["nodeid"] for t in report["tests"]] == ["test_user.py::test_a_over_budget"]
+    assert report["tests"][0]["outcome"] == "failed"
