@@ -30,7 +30,7 @@ from .progress import Work, long_work
 from .options import MAX_ROUNDS, MAX_WARMUP
 from .results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload
 from .similarity import compare_runs, diverged, forced_run_note
-from .units import parse_non_negative_int
+from .units import parse_non_negative_int, shown
 
 if TYPE_CHECKING:
     from .session import OptSession, TestPlan
@@ -107,8 +107,7 @@ def build_workload(session: "OptSession", opt: OptModel, prompts: Any, max_new_t
         prompts = [prompts]
     if (not isinstance(prompts, (list, tuple)) or not prompts
             or not all(isinstance(p, str) and p for p in prompts)):
-        shown = repr(prompts) if len(repr(prompts)) <= 80 else repr(prompts)[:77] + "..."
-        raise OptConfigError(f"opt_bench(prompts=...): got {shown}; accepted: a string or a non-empty list of "
+        raise OptConfigError(f"opt_bench(prompts=...): got {shown(prompts, 80)}; accepted: a string or a non-empty list of "
                              f"non-empty strings")
     prompts = list(prompts)
     positions = _max_positions(opt)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from .errors import OptConfigError
 from .report_validation import load_report
-from .units import format_bytes, format_duration
+from .units import format_bytes, format_duration, shown
 
 
 @dataclass(frozen=True)
@@ -218,15 +218,6 @@ def _limit_text(threshold: Threshold) -> str:
     return f"{'-' if down else '+'}{METRICS[threshold.metric].fmt(threshold.limit)}"
 
 
-def _shown(value: Any, limit: int = 60) -> str:
-    """``repr`` for a reason line, cut to ``limit`` (a value read from a file may be any size)."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int past Python's digit limit
-        return f"<{type(value).__name__} too long to print>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _identity_differences(old_report: dict[str, Any], new_report: dict[str, Any]) -> list[str]:
     """Why no test of the two reports can be compared: measured on different hardware."""
     old_env = old_report.get("environment") or {}
@@ -235,9 +226,9 @@ def _identity_differences(old_report: dict[str, Any], new_report: dict[str, Any]
     old_dev = str(old_env.get("device") or "").split(":")[0]  # cuda:0 vs cuda:1 is the same kind of device
     new_dev = str(new_env.get("device") or "").split(":")[0]
     if old_dev != new_dev:
-        reasons.append(f"measured on different hardware: device {_shown(old_env.get('device'))} -> {_shown(new_env.get('device'))}")
+        reasons.append(f"measured on different hardware: device {shown(old_env.get('device'))} -> {shown(new_env.get('device'))}")
     if old_env.get("gpu_name") != new_env.get("gpu_name"):
-        reasons.append(f"measured on different hardware: GPU {_shown(old_env.get('gpu_name'))} -> {_shown(new_env.get('gpu_name'))}")
+        reasons.append(f"measured on different hardware: GPU {shown(old_env.get('gpu_name'))} -> {shown(new_env.get('gpu_name'))}")
     return reasons
 
 
@@ -260,13 +251,13 @@ def _test_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     old_model, new_model = old.get("model") or {}, new.get("model") or {}
     for key in ("name_or_path", "revision", "dtype"):
         if old_model.get(key) != new_model.get(key):
-            reasons.append(f"different model: {key} {_shown(old_model.get(key))} -> {_shown(new_model.get(key))}")
+            reasons.append(f"different model: {key} {shown(old_model.get(key))} -> {shown(new_model.get(key))}")
     old_work, new_work = old.get("workload") or {}, new.get("workload") or {}
     for key in _WORKLOAD_KEYS:
         if key == "input_tokens" and (key not in old_work or key not in new_work):
             continue  # only compared when both reports recorded it
         if old_work.get(key) != new_work.get(key):
-            reasons.append(f"different workload: {key} {_shown(old_work.get(key))} -> {_shown(new_work.get(key))}")
+            reasons.append(f"different workload: {key} {shown(old_work.get(key))} -> {shown(new_work.get(key))}")
     return reasons
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OptConfigError
+from .units import clip
 
 MAX_JSON_BYTES = 64 * 2**20
 MAX_JSON_DEPTH = 64
@@ -126,8 +127,7 @@ def _parse_int(text: str) -> int:
 def _parse_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        shown = text if len(text) <= 24 else text[:21] + "..."
-        raise JsonProblem(f"cannot be used: the number {shown} is out of range (not a finite float)")
+        raise JsonProblem(f"cannot be used: the number {clip(text, 24)} is out of range (not a finite float)")
     return value
 
 

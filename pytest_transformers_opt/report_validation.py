@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Any
 
 from .errors import OptConfigError
+from .units import shown
 
 REPORT_SCHEMA = "pytest-transformers-opt/report"
 REPORT_SCHEMA_VERSION = 1
@@ -44,21 +45,16 @@ def _where(path: Any) -> str:
     return text
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _identity_problem(report: Any) -> str | None:
     """Why ``report`` is not a schema_version 1 report at all, or None when it says it is one."""
     if not isinstance(report, dict):
         return f"a report is a JSON object; found {type(report).__name__}"
     if report.get("schema") != REPORT_SCHEMA:
-        found = _short(report["schema"]) if "schema" in report else "no \"schema\" key"
+        found = shown(report["schema"]) if "schema" in report else "no \"schema\" key"
         return f"not a pytest-transformers-opt report: expected \"schema\": \"{REPORT_SCHEMA}\"; found {found}"
     version = report.get("schema_version")
     if version != REPORT_SCHEMA_VERSION or isinstance(version, bool):
-        found = _short(version) if "schema_version" in report else "no \"schema_version\" key"
+        found = shown(version) if "schema_version" in report else "no \"schema_version\" key"
         return (
             f"report schema_version {found} is not supported; this version of "
             f"pytest-transformers-opt reads schema_version {REPORT_SCHEMA_VERSION}"
@@ -71,21 +67,21 @@ def _builtin_problems(report: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     tests = report.get("tests")
     if not isinstance(tests, list):
-        problems.append(f"report.tests: expected a list of test records; found {_short(tests)}")
+        problems.append(f"report.tests: expected a list of test records; found {shown(tests)}")
         tests = []
     for index, test in enumerate(tests):
         if not isinstance(test, dict):
-            problems.append(f"report.tests[{index}]: expected an object; found {_short(test)}")
+            problems.append(f"report.tests[{index}]: expected an object; found {shown(test)}")
             continue
         if not isinstance(test.get("nodeid"), str) or not test.get("nodeid"):
-            problems.append(f"report.tests[{index}].nodeid: expected a test id; found {_short(test.get('nodeid'))}")
+            problems.append(f"report.tests[{index}].nodeid: expected a test id; found {shown(test.get('nodeid'))}")
         if test.get("outcome") not in _OUTCOMES:
             problems.append(
-                f"report.tests[{index}].outcome: {_short(test.get('outcome'))} is not one of {list(_OUTCOMES)}"
+                f"report.tests[{index}].outcome: {shown(test.get('outcome'))} is not one of {list(_OUTCOMES)}"
             )
     for key in ("environment", "settings", "summary"):
         if not isinstance(report.get(key), dict):
-            problems.append(f"report.{key}: expected an object; found {_short(report.get(key))}")
+            problems.append(f"report.{key}: expected an object; found {shown(report.get(key))}")
     return problems
 
 

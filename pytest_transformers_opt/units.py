@@ -25,6 +25,21 @@ DURATION_FORMS = '"50 ms", "1.5 s", "200us" or a float number of seconds'
 THROUGHPUT_FORMS = '800, 12.5 or "800 tok/s"'
 
 
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, ``...`` marking the cut (a value quoted in a message)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """``repr(value)`` for a message, clipped to ``limit``; an int too long for ``repr`` (Python's digit
+    limit) is named as one instead of raising."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"<{type(value).__name__} too long to print>"
+    return clip(text, limit)
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -132,10 +147,10 @@ def parse_non_negative_int(value: object, what: str = "value", *, minimum: int =
             and (maximum is None or value <= maximum)):
         return value
     if isinstance(value, int) and abs(value) >= 10**30:  # repr() of a 5000-digit int raises ValueError
-        shown = "a number of more than 30 digits"
+        quoted = "a number of more than 30 digits"
     else:
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-    raise OptConfigError(f"{what}: {shown} must be a whole number {accepted}")
+        quoted = shown(value, 40)
+    raise OptConfigError(f"{what}: {quoted} must be a whole number {accepted}")
 
 
 def format_bytes(num: float | None) -> str:
