@@ -129,26 +129,26 @@ CONFTEST = textwrap.dedent('''
 
 
     class ScaledWeights(Technique):
-        """Weights off by 10%: lm_head (untied from the embedding) or every Linear times 1.1, at load."""
+        """Weights off by 10%: lm_head or every Linear times 1.1. Done on the outputs (Llama's Linears have
+        no bias, so this equals scaling the weights) so that it stacks on a quantized model's own Linears,
+        and leaves the tied input embedding as it was."""
         name = "scaled_weights"
         family = "study"
         summary = "injected weight error"
-        load_time = True  # its own loaded model: the baseline's stays untouched
         accepted_params = {"target": "'lm_head' or 'linear'", "factor": "float"}
 
-        def after_load(self, model):
+        @contextlib.contextmanager
+        def around_generate(self, model):
             factor = float(self.params.get("factor", 1.1))
-            with torch.no_grad():
-                if self.params.get("target", "linear") == "lm_head":
-                    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight * factor, requires_grad=False)
-                    model.config.tie_word_embeddings = False
-                    return
-                for module in model.modules():
-                    if isinstance(module, torch.nn.Linear) and module is not model.lm_head:
-                        module.weight.mul_(factor)
-                # the tied lm_head gets its own scaled copy; the input embedding stays as it was
-                model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight * factor, requires_grad=False)
-                model.config.tie_word_embeddings = False
+            lm_head_only = self.params.get("target", "linear") == "lm_head"
+            handles = [module.register_forward_hook(lambda m, a, out: out * factor)
+                       for module in model.modules()
+                       if isinstance(module, torch.nn.Linear) and (module is model.lm_head or not lm_head_only)]
+            try:
+                yield
+            finally:
+                for handle in handles:
+                    handle.remove()
 
 
     def pytest_opt_register_techniques(registry):
@@ -212,12 +212,15 @@ PROMPT_SETS = (
 HEALTHY = (
     ("sdpa", "lossless", '"sdpa"'),
     ("static_cache", "lossless", '"static_cache"'),
+    ("compile", "lossless", '"compile"'),
     ("bnb_8bit", "8-bit weights", '"bnb_8bit"'),
     ("quanto_int8", "8-bit weights", '"quanto_int8"'),
     ("bnb_4bit(nf4)", "4-bit weights / quantized KV", 'TechniqueSpec.of("bnb_4bit", quant_type="nf4")'),
     ("hqq_4bit", "4-bit weights / quantized KV", '"hqq_4bit"'),
     ("quantized_cache(quanto,4)", "4-bit weights / quantized KV",
      'TechniqueSpec.of("quantized_cache", backend="quanto", nbits=4)'),
+    ("quantized_cache(quanto,2)", "4-bit weights / quantized KV",
+     'TechniqueSpec.of("quantized_cache", backend="quanto", nbits=2)'),
 )
 BROKEN = (
     ("NaN logits", '"nan_logits"'),
@@ -226,13 +229,16 @@ BROKEN = (
     ("every Linear x1.1", 'TechniqueSpec.of("scaled_weights", target="linear")'),
     ("silent fallback (compile never ran)", '"compile_fallback"'),
 )
+# the weight errors stacked on each lossy technique: does its default budget still catch them?
+STACKED_ON = ("bnb_8bit", "quanto_int8", "bnb_4bit(nf4)", "quantized_cache(quanto,4)")
+STACKED_BREAKAGE = ("lm_head x1.1", "every Linear x1.1")
 SIMILARITY_MODELS = ("smollm2-135m", "tiny-random-llama")
 BROKEN_MODEL = "smollm2-135m"
 DTYPES = ("float32", "bfloat16")
 
 
-def _similarity_cases(sets: int, models: tuple[str, ...], skip: frozenset[str],
-                      broken_sets: int = 1) -> list[tuple[str, str, str, str, str, int]]:
+def _similarity_cases(sets: int, models: tuple[str, ...], skip: frozenset[str], broken_sets: int = 1,
+                      only: frozenset[str] = frozenset()) -> list[tuple[str, str, str, str, str, int]]:
     """(case id, model, dtype, label, technique expression, prompt set), grouped so that each loaded model
     serves its tests in a row (the session keeps only 3 loaded)."""
     cases = []
@@ -241,6 +247,13 @@ def _similarity_cases(sets: int, models: tuple[str, ...], skip: frozenset[str],
             rows = [(label, expr, sets) for label, _, expr in HEALTHY if label not in skip]
             if model == BROKEN_MODEL:  # far from healthy figures: fewer prompt sets tell enough
                 rows += [(label, expr, broken_sets) for label, expr in BROKEN if label not in skip]
+                healthy = {label: expr for label, _, expr in HEALTHY}
+                broken = dict(BROKEN)
+                rows += [(f"{base} + {breakage}", f"{healthy[base]}, {broken[breakage]}", broken_sets)
+                         for base in STACKED_ON for breakage in STACKED_BREAKAGE
+                         if base not in skip and breakage not in skip and f"{base} + {breakage}" not in skip]
+            if only:
+                rows = [row for row in rows if row[0] in only]
             for number, (label, expr, count) in enumerate(rows):
                 for index in range(count):
                     cases.append((f"{model}-{dtype}-t{number}-set{index}", model, dtype, label, expr, index))
@@ -260,14 +273,14 @@ def _similarity_tests(cases: list[tuple[str, str, str, str, str, int]], max_new_
 
 
 def run_similarity(sets: int, max_new_tokens: int, models: tuple[str, ...], skip: frozenset[str],
-                   extra_args: list[str], broken_sets: int = 1) -> dict:
+                   extra_args: list[str], broken_sets: int = 1, only: frozenset[str] = frozenset()) -> dict:
     """One pytest session per model, budgets in warn mode so that every run reports its figures."""
     label_of = {case: (model, dtype, label)
-                for case, model, dtype, label, _, _ in _similarity_cases(sets, models, skip, broken_sets)}
+                for case, model, dtype, label, _, _ in _similarity_cases(sets, models, skip, broken_sets, only)}
     rows: list[dict] = []
     started = time.perf_counter()
     for model in models:
-        cases = _similarity_cases(sets, (model,), skip, broken_sets)
+        cases = _similarity_cases(sets, (model,), skip, broken_sets, only)
         with tempfile.TemporaryDirectory(prefix="verdict-study-sim-") as folder:
             root = Path(folder)
             (root / "conftest.py").write_text(CONFTEST)
@@ -305,6 +318,7 @@ def similarity_table(result: dict, sets: int, max_new_tokens: int) -> str:
     for row in result["rows"]:
         groups.setdefault(row["key"], []).append(row)
     klass = {label: k for label, k, _ in HEALTHY} | {label: "injected breakage" for label, _ in BROKEN}
+    klass |= {f"{base} + {breakage}": f"breakage on {klass[base]}" for base in STACKED_ON for breakage in STACKED_BREAKAGE}
     lines = [f"{sets} prompt set(s) (breakage: fewer, see runs) x 3 prompts, max_new_tokens={max_new_tokens}, rounds=1 warmup=0, "
              f"--opt-budgets=warn ({result['seconds']:.0f} s); each cell: median (min-max) over the prompt sets", "",
              "| model | dtype | technique | class | runs | KL mean | top-1 | token_match | outcome |",
@@ -330,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=24, help="similarity: tokens per prompt")
     parser.add_argument("--models", default=",".join(SIMILARITY_MODELS), help="similarity: comma-separated")
     parser.add_argument("--skip", default="", help="similarity: comma-separated technique labels to leave out")
+    parser.add_argument("--only", default="", help="similarity: comma-separated labels to keep (all when empty)")
     parser.add_argument("--out", type=Path, default=None, help="also write the Markdown table here")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, e.g. --opt-rounds=7")
     args = parser.parse_args(argv)
@@ -338,9 +353,10 @@ def main(argv: list[str] | None = None) -> int:
         models = tuple(m for m in args.models.split(",") if m)
         # commas inside a label's parentheses, quantized_cache(quanto,4), do not separate labels
         skip = frozenset(s.strip() for s in re.split(r",(?![^()]*\))", args.skip) if s.strip())
+        only = frozenset(s.strip() for s in re.split(r",(?![^()]*\))", args.only) if s.strip())
         broken_sets = max(1, min(args.broken_sets, len(PROMPT_SETS)))
         text = similarity_table(run_similarity(sets, args.max_new_tokens, models, skip, args.pytest_args,
-                                               broken_sets), sets, args.max_new_tokens)
+                                               broken_sets, only), sets, args.max_new_tokens)
         print(text)
         if args.out:
             args.out.write_text(text + "\n")

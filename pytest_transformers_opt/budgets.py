@@ -124,14 +124,19 @@ def parse_budget(name: str, value: Any, where: str) -> float:
 
 
 def default_similarity(quality: str, dtype: str, distributions: bool = True) -> dict[str, float]:
-    """The default similarity budgets of a configuration (README, section Budgets)."""
+    """The default similarity budgets of a configuration (README, section Budgets).
+
+    Set from benchmarks/verdict_study.py --similarity on smollm2-135m (benchmarks/RESULTS.md): each KL
+    limit lies between the healthy technique's worst figure and the smallest figure of the injected
+    breakage it can tell apart (about 2x from each), each top-1 limit at least 0.02 below the healthy worst.
+    """
     half = dtype in ("bfloat16", "float16")
-    if quality == LOSSY_4BIT:
-        budgets = {"max_kl": 0.1, "min_top1": 0.85}
-    elif quality == WEIGHTS_8BIT:
-        budgets = {"max_kl": 0.01, "min_top1": 0.95}
-    elif half:
-        budgets = {"max_kl": 0.01, "min_top1": 0.97}
+    if quality == LOSSY_4BIT:  # nf4 worst KL 0.295, top-1 0.708
+        budgets = {"max_kl": 0.5, "min_top1": 0.6}
+    elif quality == WEIGHTS_8BIT:  # bnb_8bit worst KL 0.036, top-1 0.889; 4-bit KV 0.037 / 0.917
+        budgets = {"max_kl": 0.07, "min_top1": 0.85}
+    elif half:  # sdpa vs eager in bf16: worst KL 0.0018, top-1 0.972
+        budgets = {"max_kl": 0.005, "min_top1": 0.95}
     else:
         budgets = {"min_token_match": 1.0, "max_kl": 1e-3}
     if not distributions:  # continuous batching: tokens only

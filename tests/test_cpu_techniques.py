@@ -73,9 +73,9 @@ def test_every_cpu_technique_passes_with_real_figures(run_user):
         assert run.test(name)["similarity"]["token_match"] == 1.0, name
     # lossy ones are judged by distributions, with their own default budgets
     budgets_4bit = {b["name"]: b["limit"] for b in run.test("test_bnb_4bit")["budgets"]}
-    assert budgets_4bit == {"max_kl": 0.1, "min_top1": 0.85}
+    assert budgets_4bit == {"max_kl": 0.5, "min_top1": 0.6}
     budgets_8bit = {b["name"]: b["limit"] for b in run.test("test_bnb_8bit")["budgets"]}
-    assert budgets_8bit == {"max_kl": 0.01, "min_top1": 0.95}
+    assert budgets_8bit == {"max_kl": 0.07, "min_top1": 0.85}
     assert run.test("test_quantized_cache_quanto")["similarity"]["kl_mean"] > 0  # it really quantized
     # continuous batching compares tokens only (generate_batch returns no distributions)
     assert run.test("test_continuous_batching")["similarity"]["kl_mean"] is None

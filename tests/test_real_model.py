@@ -66,6 +66,61 @@ def test_real_model_tier_passes_lossless_techniques_with_default_budgets(run_use
     assert run.test("test_compile")["optimized"]["compile_time_s"] > 0
 
 
+LOSSY_TIER = '''
+import pytest
+from pytest_transformers_opt import techniques
+
+pytestmark = pytest.mark.opt_model("smollm2-135m")
+
+
+@pytest.mark.optimization("bnb_8bit")
+def test_bnb_8bit(opt_bench):
+    opt_bench()
+
+
+@pytest.mark.optimization("bnb_4bit")
+def test_bnb_4bit(opt_bench):
+    opt_bench()
+
+
+@pytest.mark.optimization(techniques.quantized_cache(backend="quanto", nbits=4))
+def test_quantized_cache(opt_bench):
+    opt_bench()
+
+
+@pytest.mark.optimization("continuous_batching")
+def test_continuous_batching(opt_bench):
+    opt_bench()
+'''
+
+
+@needs_wheel
+def test_real_model_tier_passes_lossy_techniques_and_continuous_batching_with_default_budgets(run_user) -> None:
+    """The healthy lossy techniques pass their measured defaults on the default workload (3 prompts x 24
+    tokens), judged at every generated position even where the tokens diverged early."""
+    from pytest_transformers_opt.bench import DEFAULT_MAX_NEW_TOKENS
+    from pytest_transformers_opt.budgets import default_similarity
+    from pytest_transformers_opt.results import DEFAULT_PROMPTS
+
+    run = run_user(LOSSY_TIER, *INNER)
+    run.result.assert_outcomes(passed=4)
+    positions = len(DEFAULT_PROMPTS) * DEFAULT_MAX_NEW_TOKENS
+    for name, quality in (("test_bnb_8bit", "8bit"), ("test_bnb_4bit", "4bit"), ("test_quantized_cache", "8bit")):
+        entry = run.test(name)
+        assert entry["outcome"] == "passed" and entry["failed_budgets"] == [], (name, entry["budgets"])
+        limits = {b["name"]: (b["limit"], b["source"]) for b in entry["budgets"]}
+        assert limits == {n: (v, "default") for n, v in default_similarity(quality, "float32").items()}, name
+        similarity = entry["similarity"]
+        assert similarity["compared_steps"] == positions, (name, similarity)
+        assert 0 < similarity["kl_mean"] <= limits["max_kl"][0], (name, similarity)  # it really quantized
+    # 4-bit weights diverge within a few tokens, yet every position of every prompt was compared
+    assert run.test("test_bnb_4bit")["similarity"]["token_match"] < 0.5
+    batching = run.test("test_continuous_batching")
+    assert batching["outcome"] == "passed" and batching["similarity"]["token_match"] == 1.0
+    assert [b["name"] for b in batching["budgets"]] == ["min_token_match"]
+    assert batching["memory_ratio"] <= 1.5, batching  # the paged cache sized by the workload
+
+
 @needs_wheel
 def test_converted_folder_is_plain_safetensors() -> None:
     folder = ensure_real_model("smollm2-135m")  # converted by the tier above, or now

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,3 +96,45 @@ def test_memory_slack_and_speed_significance():
     too_few = _result(base_latency=(1.0, 1.0), opt_latency=(1.3, 1.3))
     [check] = check_budgets(too_few, {"min_speedup": Budget("min_speedup", 1.0, "marker")})
     assert not check.ok and "too few rounds" in check.note
+
+
+
+# ---------------------------------------------------------------- default similarity budgets
+def _readme_default_budgets() -> dict[str, dict[str, float]]:
+    """The README's default-budget table: the start of each configuration -> its budgets."""
+    import re
+
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    table = text.split("| configuration (its lossiest technique) | default similarity budgets |", 1)[1]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        config, budgets = (cell.strip() for cell in line.strip("|").split("|"))
+        rows[re.split(r" \(|,", config)[0]] = {name: float(value)
+                                               for name, value in re.findall(r"`(\w+)=([0-9.e-]+)`", budgets)}
+    return rows
+
+
+def test_default_budgets_are_the_readme_table_and_a_quantized_cache_is_classed_by_its_bits() -> None:
+    from pytest_transformers_opt.budgets import default_similarity
+    from pytest_transformers_opt.techniques.base import LOSSLESS, LOSSY_4BIT, WEIGHTS_8BIT
+    from pytest_transformers_opt.techniques.catalogue import BUILTIN_TECHNIQUES
+
+    assert _readme_default_budgets() == {
+        "lossless": default_similarity(LOSSLESS, "float32"),
+        "the same in bf16 / fp16": default_similarity(LOSSLESS, "bfloat16"),
+        "8-bit weights": default_similarity(WEIGHTS_8BIT, "bfloat16"),
+        "4-bit weights": default_similarity(LOSSY_4BIT, "float32"),
+        "continuous batching": default_similarity(LOSSLESS, "float32", distributions=False),
+    }
+    # the values benchmarks/RESULTS.md set them to (healthy smollm2-135m passes, breakage fails)
+    assert default_similarity(LOSSLESS, "float16") == {"max_kl": 0.005, "min_top1": 0.95}
+    assert default_similarity(WEIGHTS_8BIT, "float32") == {"max_kl": 0.07, "min_top1": 0.85}
+    assert default_similarity(LOSSY_4BIT, "bfloat16") == {"max_kl": 0.5, "min_top1": 0.6}
+    # a 4-bit quanto KV cache errs like 8-bit weights; 2 bits like 4-bit weights or worse
+    cache = next(t for t in BUILTIN_TECHNIQUES if t.name == "quantized_cache")
+    assert cache(backend="quanto", nbits=4).quality == WEIGHTS_8BIT
+    assert cache(backend="quanto", nbits=2).quality == LOSSY_4BIT
+    assert cache(backend="hqq", nbits=8).quality == WEIGHTS_8BIT
+    assert cache(backend="hqq", nbits=3).quality == LOSSY_4BIT

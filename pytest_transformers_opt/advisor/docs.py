@@ -44,20 +44,20 @@ def documentation_for(change: Change | None) -> list[str]:
 
 _TRADEOFFS: dict[str, list[str]] = {
     "bnb_8bit": [
-        "Output quality: small drift from the bf16/fp16 model (default budgets max_kl=0.01, min_top1=0.95).",
+        "Output quality: small drift from the bf16/fp16 model ({defaults}).",
         "Speed: LLM.int8 matmuls decompose outliers and are often slower than half precision; "
         "latency may rise.",
         "Weight quantization is separate from KV-cache quantization: the KV cache stays as it is.",
     ],
     "bnb_4bit": [
-        "Output quality: larger drift than 8-bit (default budgets max_kl=0.1, min_top1=0.85).",
+        "Output quality: larger drift than 8-bit ({defaults}).",
         "Speed: weights are dequantized at every matmul; memory-bound decoding can gain, "
         "compute-bound prefill usually loses.",
         "Weight quantization is separate from KV-cache quantization: the KV cache stays as it is.",
     ],
     "quantized_cache": [
         "Output quality: keys and values lose precision, so long generations drift "
-        "(default budgets max_kl=0.1, min_top1=0.85).",
+        "({defaults}).",
         "Speed: every decoding step quantizes and dequantizes the cache, so it is slower than "
         "a full-precision cache.",
         "Needs the quantization backend package (optimum-quanto for backend=\"quanto\").",
@@ -111,13 +111,26 @@ _TRADEOFFS: dict[str, list[str]] = {
 def tradeoffs_for(change: Change | None) -> list[str]:
     if change is None:
         return []
-    return list(_TRADEOFFS.get(change.name, [f"{change.name}: measure quality, memory and speed."]))
+    defaults = ", ".join(f"{name}={limit:g}" for name, limit in default_similarity([change], "bfloat16").items())
+    lines = _TRADEOFFS.get(change.name, [f"{change.name}: measure quality, memory and speed."])
+    return [line.replace("{defaults}", f"default budgets {defaults}") for line in lines]
 
 
 # Budgets read from per-step distributions (similarity.kl_mean / top1): continuous batching returns tokens
 # only, so a test of it that asks for one of these fails "not measured in this run".
 DISTRIBUTION_BUDGETS = ("max_kl", "min_top1")
-_QUALITY = {technique.name: technique.quality for technique in BUILTIN_TECHNIQUES}
+_TECHNIQUES = {technique.name: technique for technique in BUILTIN_TECHNIQUES}
+
+
+def _quality(change: Change) -> str:
+    """The catalogue's similarity class of ``change``, with its parameters (a quantized cache's nbits)."""
+    technique = _TECHNIQUES.get(change.name)
+    if technique is None:
+        return LOSSLESS
+    try:
+        return technique(**change.params).quality
+    except Exception:  # parameters the catalogue refuses: the class's own
+        return technique.quality
 
 
 def measures_distributions(stack: list[Change]) -> bool:
@@ -135,5 +148,5 @@ def measurable(stack: list[Change], budgets: dict[str, Any]) -> dict[str, Any]:
 def default_similarity(stack: list[Change], dtype: str) -> dict[str, float]:
     """The plugin's own default similarity budgets for a stack (budgets.default_similarity, from the
     catalogue's quality of each technique): what the plugin would check with no budget given."""
-    quality = worst_quality([_QUALITY.get(change.name, LOSSLESS) for change in stack])
+    quality = worst_quality([_quality(change) for change in stack])
     return plugin_default_similarity(quality, dtype, measures_distributions(stack))

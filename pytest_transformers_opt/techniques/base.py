@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from ..hardware import HardwareInfo
 
 # Similarity classes, from strictest to loosest (budgets.default_similarity maps them to budgets).
+# "8bit" holds 8-bit weights and KV caches quantized to 4 bits or more (their error was measured alike);
+# "4bit" holds 4-bit weights and KV caches under 4 bits.
 LOSSLESS, WEIGHTS_8BIT, LOSSY_4BIT = "lossless", "8bit", "4bit"
 QUALITY_ORDER = (LOSSLESS, WEIGHTS_8BIT, LOSSY_4BIT)
 
@@ -88,7 +90,7 @@ class Technique:
     summary: ClassVar[str] = ""
     requirement: ClassVar[str] = "nothing beyond transformers and torch"
     docs: ClassVar[str] = "https://huggingface.co/docs/transformers/main/en/optimization_overview"
-    quality: ClassVar[str] = LOSSLESS
+    quality: str = LOSSLESS  # a similarity class; an instance may set its own from its parameters
     exclusive_group: ClassVar[str | None] = None  # at most one technique of a group per configuration
     load_time: ClassVar[bool] = False  # part of the loaded model's identity (attention, quantization)
     accepted_params: ClassVar[dict[str, str]] = {}  # name -> description, for errors and --opt-techniques

@@ -469,7 +469,7 @@ class OffloadedStaticCache(OffloadedCacheTechnique):
 class QuantizedCacheTechnique(CacheTechnique):
     name = "quantized_cache"
     cache_implementation = "quantized"
-    quality = LOSSY_4BIT
+    quality = WEIGHTS_8BIT  # at nbits >= 4; fewer bits are set to LOSSY_4BIT below
     summary = "a KV cache quantized to nbits (quanto or hqq backend)"
     requirement = "optimum-quanto (backend='quanto') or hqq (backend='hqq')"
     accepted_params = {"backend": "'quanto' or 'hqq'", "nbits": "2 or 4 (quanto), 1-8 (hqq)",
@@ -487,6 +487,8 @@ class QuantizedCacheTechnique(CacheTechnique):
         allowed = (2, 4) if backend == "quanto" else tuple(range(1, 9))
         if isinstance(nbits, bool) or not isinstance(nbits, int) or nbits not in allowed:
             raise OptConfigError(f"quantized_cache: nbits={nbits!r} is not accepted for backend {backend!r}; accepted: {allowed}")
+        if nbits < 4:  # quanto 2-bit on smollm2-135m: KL 0.72-0.95, top-1 0.60-0.68 (benchmarks/RESULTS.md)
+            self.quality = LOSSY_4BIT
 
     def probe(self, ctx: ProbeContext) -> str | None:
         module, package = self.backends[self.params["backend"]]
