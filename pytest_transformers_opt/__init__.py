@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from . import techniques
 from .errors import OptConfigError, OptProofError, OptTechniqueConflict
-from .loading import OptModel
-from .results import OptResult, SideMetrics, Workload
-from .similarity import Similarity
+from .engine.loading import OptModel
+from .verdict.results import OptResult, SideMetrics, Workload
+from .verdict.similarity import Similarity
 from .techniques import Technique, TechniqueSpec
 
 __version__ = "0.1.0"

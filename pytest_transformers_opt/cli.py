@@ -13,12 +13,10 @@ import sys
 import textwrap
 from typing import NoReturn, Sequence
 
-from .advisor import (advise, advise_from_report, load_model_shape, load_report, render_json, render_text,
-                      write_test)
+from .advisor import advise, advise_from_report, load_model_shape, load_report, render_json, render_text, write_test
 from .advisor.change import ATTENTION_BACKENDS
 from .advisor.estimates import DTYPE_FORMS, normalize_dtype
-from .advisor.workload import (DEFAULT_INPUT_TOKENS, DEFAULT_MAX_NEW_TOKENS, PROBLEMS, Workload,
-                               parse_compute_capability)
+from .advisor.workload import DEFAULT_INPUT_TOKENS, DEFAULT_MAX_NEW_TOKENS, PROBLEMS, Workload, parse_compute_capability
 from .errors import OptConfigError
 from .units import SIZE_FORMS, parse_non_negative_int, parse_size
 

@@ -6,11 +6,11 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import pytest
 
-from .bench import build_workload, enforce_budgets, judge_budgets, run_bench
+from .engine.bench import build_workload, enforce_budgets, judge_budgets, run_bench
 from .errors import OptConfigError, OptLoadError
-from .hardware import HardwareInfo
-from .loading import OptModel
-from .results import OptResult
+from .engine.hardware import HardwareInfo
+from .engine.loading import OptModel
+from .verdict.results import OptResult
 from .session import SESSION_KEY, OptSession, TestPlan
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import pytest
 
 from .errors import OptConfigError
-from .loading import ModelRequest, parse_dtype
+from .engine.loading import ModelRequest, parse_dtype
 
 
 def optimization(*techniques: Any, **budgets: Any) -> None:

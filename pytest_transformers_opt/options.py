@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import pytest
 
-from .budgets import BUDGET_MODES, BUDGETS
+from .verdict.budgets import BUDGET_MODES, BUDGETS
 from .errors import OptConfigError
 from .units import parse_non_negative_int
 
@@ -213,7 +213,7 @@ def resolve_settings(config: pytest.Config) -> Settings:
     for name in BUDGETS:
         raw = config.getini(f"opt_{name}")
         if raw:
-            from .budgets import parse_budget
+            from .verdict.budgets import parse_budget
 
             try:
                 parse_budget(name, raw, f"ini opt_{name}")
@@ -276,7 +276,7 @@ def check_writable(path: Path, source: str) -> None:
 
 def _load_compare(settings: Settings) -> None:
     """Parse --opt-compare-fail and read the --opt-compare report now: a bad one is a usage error."""
-    from .compare import load_compare_report, parse_compare_fail
+    from .report.compare import load_compare_report, parse_compare_fail
 
     thresholds = []
     try:

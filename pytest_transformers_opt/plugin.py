@@ -6,14 +6,15 @@ from typing import Any, Generator
 
 import pytest
 
-from . import hookspecs, progress
-from .benchmark_export import PLUGIN_NAME as BENCHMARK_EXPORT, BenchmarkExport, benchmark_available
+from . import hookspecs
+from .engine import progress
+from .report.benchmark_export import PLUGIN_NAME as BENCHMARK_EXPORT, BenchmarkExport, benchmark_available
 from .errors import OptConfigError
 from .fixtures import opt_baseline_model, opt_bench, opt_hardware, opt_model, opt_plan  # noqa: F401 (fixtures)
-from .gpu_pinning import PLUGIN_NAME as GPU_PINNING, GpuPinningPlugin
+from .engine.gpu_pinning import PLUGIN_NAME as GPU_PINNING, GpuPinningPlugin
 from .markers import MARKERS, marker_help
 from .options import add_options, resolve_settings
-from .report import ReportWriter, entries_of, print_catalogue, record_entries
+from .report.writer import ReportWriter, entries_of, print_catalogue, record_entries
 from .session import SESSION_KEY, OptSession, crash_message
 
 OPT_FIXTURES = {"opt_bench", "opt_model", "opt_baseline_model"}

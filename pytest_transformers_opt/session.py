@@ -11,18 +11,17 @@ from typing import Any
 
 import pytest
 
-from .budgets import Budget, resolve_budgets, worst_quality
+from .verdict.budgets import Budget, resolve_budgets, worst_quality
 from .errors import OptConfigError, OptLoadError, OptProofError
-from .measure import release_memory
-from .hardware import HardwareInfo, probe_hardware
-from .loading import (LoadedModel, ModelCache, ModelRequest, OptModel, OptModelChanged, load_model,
-                      read_model_config, resolve_model_path, tokenizer_only)
+from .engine.measure import release_memory
+from .engine.hardware import HardwareInfo, probe_hardware
+from .engine.loading import (LoadedModel, ModelCache, ModelRequest, OptModel, OptModelChanged, load_model,
+                             read_model_config, resolve_model_path, tokenizer_only)
 from .markers import MarkedTest, read_markers
 from .options import Settings
-from .real_models import RealModelUnavailable
-from .results import CALL_SUFFIX
-from .techniques import (GenerationSettings, ProbeContext, Technique, TechniqueRegistry, build_registry,
-                         check_stack)
+from .engine.real_models import RealModelUnavailable
+from .verdict.results import CALL_SUFFIX
+from .techniques import GenerationSettings, ProbeContext, Technique, TechniqueRegistry, build_registry, check_stack
 
 SESSION_KEY = pytest.StashKey["OptSession"]()
 
@@ -285,7 +284,7 @@ class OptSession:
     # -- outcomes -----------------------------------------------------------------------------------
     def note_report(self, item: pytest.Item, report: pytest.TestReport) -> None:
         """Keep each test's outcome (and skip reason / error) for the report."""
-        from .report import ERROR_CHARS  # the JSON keeps the whole error: its reason may come late (compiler output)
+        from .report.writer import (ERROR_CHARS)  # the JSON keeps the whole error: its reason may come late (compiler output)
 
         record = self.record(item.nodeid)
         if hasattr(report, "wasxfail") and (report.skipped or report.passed):

@@ -117,7 +117,7 @@ def ensure_model(folder: Path, shape: dict[str, Any], dtype: str, build_device: 
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from pytest_transformers_opt.tiny_models import _train_tokenizer, synthetic_corpus
+    from pytest_transformers_opt.engine.tiny_models import _train_tokenizer, synthetic_corpus
 
     started = time.perf_counter()
     tokenizer = _train_tokenizer(synthetic_corpus(), 512)
@@ -293,7 +293,7 @@ def _decode(estimates: dict[str, Any]) -> str:
 
 
 def render(rows: list[list[str]]) -> list[str]:
-    from pytest_transformers_opt.report import render_table
+    from pytest_transformers_opt.report.writer import render_table
 
     return render_table(rows, separator=" | ", rule_separator="-+-")
 

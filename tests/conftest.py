@@ -29,8 +29,8 @@ import optimum.quanto  # noqa: E402,F401
 import hqq  # noqa: E402,F401
 import accelerate  # noqa: E402,F401
 
-from pytest_transformers_opt import tiny_models  # noqa: E402
-from pytest_transformers_opt.report_validation import validate_report  # noqa: E402
+from pytest_transformers_opt.engine import tiny_models  # noqa: E402
+from pytest_transformers_opt.report.schema import validate_report  # noqa: E402
 
 from model_shapes import LLAMA_8B  # noqa: E402  (tests/ is on sys.path: pytest's rootdir conftest import)
 

@@ -6,7 +6,7 @@ import shutil
 
 from pytest_transformers_opt.advisor import estimate_peak_memory
 from pytest_transformers_opt.cli import main as cli_main
-from pytest_transformers_opt.tiny_models import ensure_tiny_model, tiny_model_config
+from pytest_transformers_opt.engine.tiny_models import ensure_tiny_model, tiny_model_config
 
 
 def test_the_written_validation_test_runs_green_on_cpu(run_user, pytester, capsys):

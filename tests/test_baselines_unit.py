@@ -1,4 +1,4 @@
-"""Stored baselines (pytest_transformers_opt.baselines): keys, files, top-k KL, errors, concurrency.
+"""Stored baselines (pytest_transformers_opt.verdict.baselines): keys, files, top-k KL, errors, concurrency.
 
 Fast and model-free: distributions are random tensors. torch is imported inside the tests so the
 processes spawned by the concurrency tests start quickly.
@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from pytest_transformers_opt.baselines import (SCHEMA, SCHEMA_VERSION, BaselineStore, StoredBaseline, baseline_key,
+from pytest_transformers_opt.verdict.baselines import (SCHEMA, SCHEMA_VERSION, BaselineStore, StoredBaseline, baseline_key,
                                                capture, hardware_fingerprint, measurements_usable,
                                                similarity_against_stored)
 from pytest_transformers_opt.errors import OptConfigError
-from pytest_transformers_opt.hardware import HardwareInfo
-from pytest_transformers_opt.results import SideMetrics, Workload
-from pytest_transformers_opt.similarity import NEAR_TIE_LOGPROB_GAP, compare_runs
+from pytest_transformers_opt.engine.hardware import HardwareInfo
+from pytest_transformers_opt.verdict.results import SideMetrics, Workload
+from pytest_transformers_opt.verdict.similarity import NEAR_TIE_LOGPROB_GAP, compare_runs
 
 WORKLOAD = {"prompts": ["Explain gravity in one sentence.", "The cat sees"], "max_new_tokens": 6, "batch_size": 2}
 KEY_ARGS: dict[str, Any] = dict(model="Qwen/Qwen3-0.6B", revision="c1899de", dtype="bfloat16",

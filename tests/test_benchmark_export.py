@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pytest_benchmark.stats import Stats
 
-from pytest_transformers_opt.benchmark_export import side_name
+from pytest_transformers_opt.report.benchmark_export import side_name
 
 USER_TESTS = '''
 import pytest

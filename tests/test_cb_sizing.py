@@ -13,10 +13,10 @@ import math
 import pytest
 from transformers import AutoConfig, AutoTokenizer
 
-from pytest_transformers_opt.real_models import GGUF_INSTALL
+from pytest_transformers_opt.engine.real_models import GGUF_INSTALL
 from pytest_transformers_opt.techniques.catalogue import (CB_BLOCK_MARGIN, CB_MAX_DERIVED_BATCH_TOKENS,
                                                           size_continuous_batching)
-from pytest_transformers_opt.tiny_models import ensure_tiny_model
+from pytest_transformers_opt.engine.tiny_models import ensure_tiny_model
 
 INNER = ("--opt-rounds=1", "--opt-warmup=0")
 

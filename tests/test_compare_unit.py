@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_transformers_opt.compare import (METRICS, Threshold, compare_reports, load_compare_report,
+from pytest_transformers_opt.report.compare import (METRICS, Threshold, compare_reports, load_compare_report,
                                              parse_compare_fail, summarise)
 from pytest_transformers_opt.errors import OptConfigError
-from pytest_transformers_opt.report_validation import validate_report
+from pytest_transformers_opt.report.schema import validate_report
 
 CPU_ENV: dict[str, Any] = {
     "python": "3.12.0", "platform": "Linux", "torch": "2.13.0", "transformers": "5.24.0", "accelerate": "1.0",

@@ -131,7 +131,7 @@ def test_compile_runs_on_cpu_and_proves_it(run_user):
 
 
 def test_a_users_own_model_folder(run_user, tmp_path):
-    from pytest_transformers_opt.tiny_models import build_tiny_model
+    from pytest_transformers_opt.engine.tiny_models import build_tiny_model
 
     folder = build_tiny_model("tiny-random-gpt2", tmp_path / "my-model")
     run = run_user(f'''

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_transformers_opt import measure
+from pytest_transformers_opt.engine import measure
 
 
 class FakeAllocator:

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig
 
-from pytest_transformers_opt.decode_efficiency import decode_estimates, kv_bytes_read_per_step, weight_bytes_read_per_step
-from pytest_transformers_opt.hardware import nvml_facts, nvml_handle, peak_memory_bandwidth
-from pytest_transformers_opt.results import Workload
+from pytest_transformers_opt.verdict.decode_efficiency import decode_estimates, kv_bytes_read_per_step, weight_bytes_read_per_step
+from pytest_transformers_opt.engine.hardware import nvml_facts, nvml_handle, peak_memory_bandwidth
+from pytest_transformers_opt.verdict.results import Workload
 
 LLAMA = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2)

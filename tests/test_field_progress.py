@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from pytest_transformers_opt import tiny_models
-from pytest_transformers_opt.bench import (CPU_MAX_EXTRA_WARMUP, WARMUP_TOLERANCE, rounds_agree, warm_until_stable,
+from pytest_transformers_opt.engine import tiny_models
+from pytest_transformers_opt.engine.bench import (CPU_MAX_EXTRA_WARMUP, WARMUP_TOLERANCE, rounds_agree, warm_until_stable,
                                            warmup_bounds)
 
 from conftest import FAST_ARGS
@@ -209,7 +209,7 @@ class _Config:
 
 
 def test_progress_lines_nest_and_stay_quiet_for_short_work(monkeypatch):
-    from pytest_transformers_opt import progress
+    from pytest_transformers_opt.engine import progress
 
     monkeypatch.setattr(progress, "HEARTBEAT_S", 0.01)
     reporter, quiet_reporter = _Reporter(), _Reporter()

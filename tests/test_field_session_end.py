@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from pytest_transformers_opt.compare import Threshold, compare_reports
-from pytest_transformers_opt.report import REPORT_NOT_WRITTEN_STATUS
-from pytest_transformers_opt.report_validation import validate_report
+from pytest_transformers_opt.report.compare import Threshold, compare_reports
+from pytest_transformers_opt.report.writer import REPORT_NOT_WRITTEN_STATUS
+from pytest_transformers_opt.report.schema import validate_report
 
 ARGS = ("-p", "no:cacheprovider", "--opt-rounds=1", "--opt-warmup=0")
 
@@ -79,7 +79,7 @@ FULL_DISK_CONFTEST = '''
 import errno
 import os
 
-import pytest_transformers_opt.report as report_module
+import pytest_transformers_opt.report.writer as report_module
 
 real_write = report_module.write_atomic
 

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from pytest_transformers_opt.baselines import StoredBaseline, similarity_against_stored
-from pytest_transformers_opt.generation import ForceTokens
-from pytest_transformers_opt.results import SideMetrics
-from pytest_transformers_opt.similarity import PREFIX_ONLY_NOTE, compare_runs
+from pytest_transformers_opt.verdict.baselines import StoredBaseline, similarity_against_stored
+from pytest_transformers_opt.engine.generation import ForceTokens
+from pytest_transformers_opt.verdict.results import SideMetrics
+from pytest_transformers_opt.verdict.similarity import PREFIX_ONLY_NOTE, compare_runs
 
 
 def test_force_tokens_forces_each_row_at_its_step_and_leaves_exhausted_rows() -> None:
@@ -156,8 +156,8 @@ def test_an_early_divergence_is_compared_at_every_position(run_user, tmp_path) -
 def test_tensor_parallel_ranks_decode_the_baselines_tokens() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pytest_transformers_opt.parallel import run_tensor_parallel
-    from pytest_transformers_opt.tiny_models import ensure_tiny_model
+    from pytest_transformers_opt.engine.tensor_parallel import run_tensor_parallel
+    from pytest_transformers_opt.engine.tiny_models import ensure_tiny_model
 
     path, prompts, new_tokens = str(ensure_tiny_model("tiny-random-llama")), ["Hello there", "The cat sat on"], 5
     tokenizer = AutoTokenizer.from_pretrained(path)

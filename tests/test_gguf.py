@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_transformers_opt.bench import model_key_extra
-from pytest_transformers_opt.baselines import baseline_key
-from pytest_transformers_opt.loading import ModelRequest
-from pytest_transformers_opt import real_models, tiny_models
-from pytest_transformers_opt.tiny_models import ensure_tiny_model
+from pytest_transformers_opt.engine.bench import model_key_extra
+from pytest_transformers_opt.verdict.baselines import baseline_key
+from pytest_transformers_opt.engine.loading import ModelRequest
+from pytest_transformers_opt.engine import real_models, tiny_models
+from pytest_transformers_opt.engine.tiny_models import ensure_tiny_model
 
 from gguf_files import write_tiny_gguf
 

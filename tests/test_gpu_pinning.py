@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import pytest
 
-from pytest_transformers_opt import gpu_pinning
+from pytest_transformers_opt.engine import gpu_pinning
 from pytest_transformers_opt.errors import OptConfigError
-from pytest_transformers_opt.gpu_pinning import (CUDA_VISIBLE_DEVICES, ENV_VAR, GpuPinningPlugin, PINNED_KEY,
+from pytest_transformers_opt.engine.gpu_pinning import (CUDA_VISIBLE_DEVICES, ENV_VAR, GpuPinningPlugin, PINNED_KEY,
                                                  assign_gpus, auto_num_workers, nvml_device_count, pin_worker,
                                                  plan_description, visible_gpus, worker_index)
 

@@ -7,8 +7,8 @@ import json
 RSS_CONFTEST = '''
 import json
 import pytest
-from pytest_transformers_opt.loading import prime_loader
-from pytest_transformers_opt.measure import current_rss_bytes, release_memory
+from pytest_transformers_opt.engine.loading import prime_loader
+from pytest_transformers_opt.engine.measure import current_rss_bytes, release_memory
 from pytest_transformers_opt.session import SESSION_KEY
 
 readings = {}

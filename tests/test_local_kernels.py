@@ -21,7 +21,7 @@ import pytest
 
 from pytest_transformers_opt import techniques
 from pytest_transformers_opt.errors import OptConfigError
-from pytest_transformers_opt.hardware import HardwareInfo
+from pytest_transformers_opt.engine.hardware import HardwareInfo
 from pytest_transformers_opt.techniques import ProbeContext, RunEvidence, build_registry, catalogue
 
 # An RMSNorm written another way than LlamaRMSNorm (torch's fused rms_norm); a module-level counter shows it ran.
@@ -248,7 +248,7 @@ def test_proof_needs_the_kernel_to_run(tmp_path: Path, kernels_package: object) 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pytest_transformers_opt import tiny_models
+    from pytest_transformers_opt.engine import tiny_models
 
     write_kernel(tmp_path / "k")
     model = AutoModelForCausalLM.from_pretrained(tiny_models.ensure_tiny_model("tiny-random-llama")).eval()

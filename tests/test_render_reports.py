@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_transformers_opt.errors import OptConfigError
-from pytest_transformers_opt.render_html import render_html
-from pytest_transformers_opt.render_markdown import render_markdown
-from pytest_transformers_opt.report_validation import load_report, load_schema, validate_report
+from pytest_transformers_opt.report.html import render_html
+from pytest_transformers_opt.report.markdown import render_markdown
+from pytest_transformers_opt.report.schema import load_report, load_schema, validate_report
 
 # --------------------------------------------------------------------------- sample reports
 

@@ -131,7 +131,7 @@ def test_too_tight(opt_bench):
 
 
 def test_report_terminal_json_markdown_html(run_user, pytester, monkeypatch):
-    from pytest_transformers_opt.report_validation import validate_report
+    from pytest_transformers_opt.report.schema import validate_report
 
     summary = pytester.path / "step-summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_transformers_opt.hardware import HardwareInfo
+from pytest_transformers_opt.engine.hardware import HardwareInfo
 from pytest_transformers_opt.techniques import ProbeContext, TechniqueSpec, build_registry
 from pytest_transformers_opt.techniques import catalogue
 

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pytest_transformers_opt.measure import RoundTiming
-from pytest_transformers_opt.parallel import (TensorParallelRun, TensorParallelUnavailable, run_tensor_parallel,
+from pytest_transformers_opt.engine.measure import RoundTiming
+from pytest_transformers_opt.engine.tensor_parallel import (TensorParallelRun, TensorParallelUnavailable, run_tensor_parallel,
                                               tensor_parallel_probe)
-from pytest_transformers_opt.tiny_models import ensure_tiny_model
+from pytest_transformers_opt.engine.tiny_models import ensure_tiny_model
 
 PROMPTS = ["Hello there", "The cat sat on the mat and", "Explain gravity in one sentence."]
 NEW_TOKENS = 6
@@ -149,7 +149,7 @@ def test_probe_reasons(monkeypatch) -> None:
 
 
 def test_probe_on_the_built_in_model() -> None:
-    from pytest_transformers_opt.tiny_models import tiny_model_config
+    from pytest_transformers_opt.engine.tiny_models import tiny_model_config
 
     config = tiny_model_config("tiny-random-llama")
     expected = None if torch.distributed.is_available() and torch.distributed.is_gloo_available() else "gloo"

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_transformers_opt.bench import warm_until_stable, warmup_bounds
-from pytest_transformers_opt.budgets import Budget, check_budgets
-from pytest_transformers_opt.results import OptResult, SideMetrics, Workload
-from pytest_transformers_opt.similarity import NEAR_TIE_LOGPROB_GAP, Similarity, compare_runs
-from pytest_transformers_opt.stats import mann_whitney_greater, min_p_value
+from pytest_transformers_opt.engine.bench import warm_until_stable, warmup_bounds
+from pytest_transformers_opt.verdict.budgets import Budget, check_budgets
+from pytest_transformers_opt.verdict.results import OptResult, SideMetrics, Workload
+from pytest_transformers_opt.verdict.similarity import NEAR_TIE_LOGPROB_GAP, Similarity, compare_runs
+from pytest_transformers_opt.verdict.stats import mann_whitney_greater, min_p_value
 
 
 def _rounds(values):
@@ -117,7 +117,7 @@ def _readme_default_budgets() -> dict[str, dict[str, float]]:
 
 
 def test_default_budgets_are_the_readme_table_and_a_quantized_cache_is_classed_by_its_bits() -> None:
-    from pytest_transformers_opt.budgets import default_similarity
+    from pytest_transformers_opt.verdict.budgets import default_similarity
     from pytest_transformers_opt.techniques.base import LOSSLESS, LOSSY_4BIT, WEIGHTS_8BIT
     from pytest_transformers_opt.techniques.catalogue import BUILTIN_TECHNIQUES
 

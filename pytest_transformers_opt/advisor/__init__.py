@@ -11,17 +11,8 @@ from __future__ import annotations
 from .advice import UNVERIFIED, Advice, Figure, ValidationPlan
 from .change import Change, parse_technique
 from .compat import compatibility_questions, flash_attention_capable
-from .estimates import (
-    attention_scratch_bytes,
-    cache_estimate,
-    count_params,
-    eager_score_matrix_bytes,
-    estimate_peak_memory,
-    kv_cache_bytes,
-    peak_breakdown,
-    stage_estimates,
-    weight_bytes,
-)
+from .estimates import (attention_scratch_bytes, cache_estimate, count_params, eager_score_matrix_bytes,
+                        estimate_peak_memory, kv_cache_bytes, peak_breakdown, stage_estimates, weight_bytes)
 from .from_report import advise_from_report, load_report, validate_report
 from .model_config import ModelShape, load_model_shape
 from .recommend import advise

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..budgets import default_similarity as plugin_default_similarity
-from ..budgets import worst_quality
+from ..verdict.budgets import default_similarity as plugin_default_similarity
+from ..verdict.budgets import worst_quality
 from ..techniques.base import LOSSLESS
 from ..techniques.catalogue import BUILTIN_TECHNIQUES, CB_BLOCK_MARGIN
 from .change import Change, find

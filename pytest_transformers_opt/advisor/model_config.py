@@ -66,7 +66,7 @@ class ModelShape:
 def is_builtin_model(name: str) -> bool:
     """True for the plugin's built-in offline models (``tiny-random-llama``, ...)."""
     try:
-        from ..tiny_models import is_tiny_model  # lazy: tiny_models belongs to the plugin core
+        from ..engine.tiny_models import is_tiny_model  # lazy: tiny_models belongs to the plugin core
     except ImportError:
         return name == BUILTIN_DEFAULT
     return bool(is_tiny_model(name))
@@ -190,7 +190,7 @@ def load_model_shape(source: Any, revision: str | None = None) -> ModelShape:
     text = str(source)
     path = Path(text).expanduser()
     if not path.exists() and is_builtin_model(text):
-        from ..tiny_models import tiny_model_config  # lazy: it imports transformers
+        from ..engine.tiny_models import tiny_model_config  # lazy: it imports transformers
 
         return shape_from_dict(tiny_model_config(text).to_dict(), text, f"built-in model {text}")
     if path.is_dir():

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, ContextManager
 from ..errors import OptConfigError
 
 if TYPE_CHECKING:
-    from ..hardware import HardwareInfo
+    from ..engine.hardware import HardwareInfo
 
 # Similarity classes, from strictest to loosest (budgets.default_similarity maps them to budgets).
 # "8bit" holds 8-bit weights and KV caches quantized to 4 bits or more (their error was measured alike);

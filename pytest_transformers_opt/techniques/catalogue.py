@@ -16,9 +16,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from ..errors import OptConfigError
-from ..hardware import module_available, package_version
-from .base import (LOSSY_4BIT, WEIGHTS_8BIT, GenerationSettings, LoadSettings, ProbeContext,
-                   RunEvidence, Technique)
+from ..engine.hardware import module_available, package_version
+from .base import LOSSY_4BIT, WEIGHTS_8BIT, GenerationSettings, LoadSettings, ProbeContext, RunEvidence, Technique
 
 DOCS = "https://huggingface.co/docs/transformers/main/en"
 HALF_DTYPES = ("float16", "bfloat16")
@@ -566,7 +565,7 @@ class Bnb4bit(_Bnb):
     def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
         from transformers import BitsAndBytesConfig
 
-        from ..loading import parse_dtype
+        from ..engine.loading import parse_dtype
 
         compute = self.params.get("compute_dtype") or ctx.dtype
         load.kwargs["quantization_config"] = BitsAndBytesConfig(
@@ -651,7 +650,7 @@ class TensorParallel(Technique):
             raise OptConfigError(f"tensor_parallel: tp_size={size!r}; accepted: an int >= 2")
 
     def probe(self, ctx: ProbeContext) -> str | None:
-        from ..parallel import tensor_parallel_probe
+        from ..engine.tensor_parallel import tensor_parallel_probe
 
         return tensor_parallel_probe(ctx.hardware.device_type, ctx.hardware.device_count, self.params["tp_size"],
                                      ctx.model_config)

@@ -22,8 +22,8 @@ from typing import Any, Callable, Mapping, MutableMapping
 
 import pytest
 
-from .errors import OptConfigError
-from .options import _gpus
+from ..errors import OptConfigError
+from ..options import _gpus
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 OPTION_DEST = "opt_gpus_per_worker"

@@ -1,7 +1,7 @@
 """``tensor_parallel(tp_size=N)``: the workload in N processes, launched by the plugin through torchrun.
 
 Users run plain ``pytest``; :func:`run_tensor_parallel` writes the workload to a spec file, starts
-``python -m torch.distributed.run --standalone --nproc-per-node=N -m pytest_transformers_opt.tp_worker``
+``python -m torch.distributed.run --standalone --nproc-per-node=N -m pytest_transformers_opt.engine.tp_worker``
 as a child process group (killed whole on timeout), and reads back what every rank wrote: tokens,
 verification log-probabilities (rank 0, safetensors), timed rounds, peak memory, and the proof that
 the weights were sharded (DTensor parameters holding a shard, world size N).
@@ -27,7 +27,7 @@ from typing import Any
 from .measure import RoundTiming, Timings
 from .progress import long_work
 
-WORKER_MODULE = "pytest_transformers_opt.tp_worker"
+WORKER_MODULE = "pytest_transformers_opt.engine.tp_worker"
 _STDERR_TAIL = 3000
 
 
@@ -162,7 +162,7 @@ def _child_env(device_type: str, tp_size: int) -> tuple[dict[str, str], int | No
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                  "TORCHELASTIC_RUN_ID"):
         env.pop(name, None)  # a pytest that itself runs under a launcher must not leak its rank into ours
-    package_root = str(Path(__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

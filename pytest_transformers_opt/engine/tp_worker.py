@@ -1,6 +1,6 @@
-"""One rank of a ``tensor_parallel`` run: ``python -m pytest_transformers_opt.tp_worker SPEC.json OUT_DIR``.
+"""One rank of a ``tensor_parallel`` run: ``python -m pytest_transformers_opt.engine.tp_worker SPEC.json OUT_DIR``.
 
-Started by :func:`pytest_transformers_opt.parallel.run_tensor_parallel` through ``torchrun``, never by
+Started by :func:`pytest_transformers_opt.engine.tensor_parallel.run_tensor_parallel` through ``torchrun``, never by
 users. Each rank reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, joins the process group (gloo on CPU,
 nccl on CUDA), loads the model sharded with ``DistributedConfig(tp_size=N)``, counts the parameters
 that really are shards (the proof), then runs the workload the way the in-process bench does
@@ -124,7 +124,7 @@ def run(spec: dict[str, Any], out_dir: Path, rank: int, world_size: int, local_r
     from .generation import run_generation
     from .loading import LoadedModel, ModelRequest, OptModel, _load_tokenizer, prime_loader
     from .measure import track_peak_memory
-    from .techniques import GenerationSettings, ProbeContext
+    from ..techniques import GenerationSettings, ProbeContext
 
     device_type = spec.get("device_type", "cpu")
     backend, device = _init_distributed(device_type, local_rank, float(spec.get("timeout_s", 300)))
@@ -210,7 +210,7 @@ def run(spec: dict[str, Any], out_dir: Path, rank: int, world_size: int, local_r
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 2:
-        print("usage: python -m pytest_transformers_opt.tp_worker SPEC.json OUT_DIR (under torchrun)", file=sys.stderr)
+        print("usage: python -m pytest_transformers_opt.engine.tp_worker SPEC.json OUT_DIR (under torchrun)", file=sys.stderr)
         return 2
     spec_path, out_dir = Path(argv[0]), Path(argv[1])
     rank = int(os.environ.get("RANK", "0"))

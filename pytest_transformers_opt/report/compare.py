@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .errors import OptConfigError
-from .report_validation import load_report
-from .units import format_bytes, format_duration, shown
+from ..errors import OptConfigError
+from .schema import load_report
+from ..units import format_bytes, format_duration, shown
 
 
 @dataclass(frozen=True)

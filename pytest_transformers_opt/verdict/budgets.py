@@ -10,10 +10,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from .errors import OptConfigError
-from .techniques.base import LOSSLESS, LOSSY_4BIT, QUALITY_ORDER, WEIGHTS_8BIT
-from .units import (format_bytes, format_duration, parse_duration, parse_fraction, parse_non_negative_int,
-                    parse_positive_float, parse_size, parse_throughput)
+from ..errors import OptConfigError
+from ..techniques.base import LOSSLESS, LOSSY_4BIT, QUALITY_ORDER, WEIGHTS_8BIT
+from ..units import (format_bytes, format_duration, parse_duration, parse_fraction, parse_non_negative_int,
+                     parse_positive_float, parse_size, parse_throughput)
 
 if TYPE_CHECKING:
     from .results import OptResult

@@ -15,8 +15,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from .errors import OptConfigError
-from .units import shown
+from ..errors import OptConfigError
+from ..units import shown
 
 REPORT_SCHEMA = "pytest-transformers-opt/report"
 REPORT_SCHEMA_VERSION = 1
@@ -135,7 +135,7 @@ def load_report(path: str | os.PathLike[str], remedy: str | None = None) -> dict
     not match the schema. The file is read by the guarded ``files.read_json`` (regular files,
     size, depth and number limits), and ``remedy`` ends the message when it cannot be read.
     """
-    from .files import read_json
+    from ..files import read_json
 
     where = os.fspath(path)
     report = read_json(where, what="the report", remedy=remedy)

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .units import format_duration
+from ..units import format_duration
 
 PREFIX = "transformers-opt: "
 HEARTBEAT_S = 20.0  # under the 30 s of silence a user starts to wonder at

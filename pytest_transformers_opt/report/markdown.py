@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from .report import failure_reason
-from .units import format_bytes, format_duration
+from .writer import failure_reason
+from ..units import format_bytes, format_duration
 
 MISSING = "-"
 

@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
-from .errors import OptConfigError
-from .files import JsonProblem, parse_json, read_limited, write_atomic
+from ..errors import OptConfigError
+from ..files import JsonProblem, parse_json, read_limited, write_atomic
 from .similarity import NEAR_TIE_LOGPROB_GAP, PREFIX_ONLY_NOTE, Similarity, common_prefix, compare_runs, diverged
 
 try:  # POSIX; elsewhere writes are still atomic, only not serialised between processes

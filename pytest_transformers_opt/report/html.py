@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from . import render_markdown as text
+from . import markdown as text
 
 OK_COLOR = "#2e8b57"
 FAIL_COLOR = "#d64541"

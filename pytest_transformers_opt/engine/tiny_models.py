@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .errors import OptConfigError
+from ..errors import OptConfigError
 from .progress import Work, long_work
 
 FACTORY_VERSION = 1

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .report import REPORT_NOT_WRITTEN_STATUS, all_entries, describe_error, note_problem, write_atomic
+from .writer import REPORT_NOT_WRITTEN_STATUS, all_entries, describe_error, note_problem, write_atomic
 
 if TYPE_CHECKING:
-    from .session import OptSession
+    from ..session import OptSession
 
 PLUGIN_NAME = "transformers-opt-benchmark-export"
 SIDES = ("baseline", "optimized")
@@ -112,7 +112,7 @@ class BenchmarkExport:
         self._entries: list[dict[str, Any]] | None = None
         json_path = self.config.getoption("benchmark_json", None)
         if json_path is not None:
-            from .options import check_writable
+            from ..options import check_writable
 
             check_writable(Path(json_path), "--benchmark-json")
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import OptConfigError
+from ..errors import OptConfigError
 from .progress import Work
 from .tiny_models import build_once, cache_root
 

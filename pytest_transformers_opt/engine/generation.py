@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from .measure import RoundTiming, now
 from .progress import long_work
-from .techniques import RunEvidence
+from ..techniques import RunEvidence
 
 if TYPE_CHECKING:
     from .loading import OptModel
@@ -277,8 +277,8 @@ def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens
     from transformers import GenerationConfig
     from transformers.generation import ContinuousBatchingConfig
 
-    from .techniques.catalogue import size_continuous_batching
-    from .units import format_bytes
+    from ..techniques.catalogue import size_continuous_batching
+    from ..units import format_bytes
 
     tokenizer, device, model = opt.tokenizer, opt.device, opt.model
     inputs = [tokenizer.encode(p) for p in prompts]

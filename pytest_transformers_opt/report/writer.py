@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .files import MAX_JSON_DEPTH, write_atomic  # noqa: F401 (re-exported: the one writer lives in files.py)
-from .files import _INT_LIMIT as JSON_INT_LIMIT  # the reader's bound, so what is written reads back
-from .results import CALL_SUFFIX, call_nodeid
-from .units import format_bytes, format_duration
+from ..files import MAX_JSON_DEPTH, write_atomic  # noqa: F401 (re-exported: the one writer lives in files.py)
+from ..files import _INT_LIMIT as JSON_INT_LIMIT  # the reader's bound, so what is written reads back
+from ..verdict.results import CALL_SUFFIX, call_nodeid
+from ..units import format_bytes, format_duration
 
 if TYPE_CHECKING:
-    from .options import Settings
-    from .session import OptSession, TestRecord
+    from ..options import Settings
+    from ..session import OptSession, TestRecord
 
 SCHEMA = "pytest-transformers-opt/report"
 SCHEMA_VERSION = 1
@@ -280,7 +280,7 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
         lines += [f"  {t['nodeid'].split('::')[-1]}: {failure_reason(t['error'])}" for t in errors]
     decoding = [t for t in report["tests"] if "decode_bandwidth_fraction_of_peak" in (t.get("estimates") or {})]
     if decoding:  # needs the device's peak bandwidth: CUDA with NVML
-        from .render_markdown import format_memory, format_percent, format_rate
+        from .markdown import format_memory, format_percent, format_rate
 
         peak = format_rate(report["environment"].get("gpu_memory_bandwidth_bytes_s"))
         lines += ["", f"decode efficiency (estimate: weights + KV cache read per step / TPOT, against {peak} peak):"]
@@ -305,7 +305,7 @@ def _advice(report: dict[str, Any]) -> dict[str, Any] | None:
     """The advisor's next single change for the run just measured (None when nothing was measured)."""
     if not any(t.get("optimized") for t in report["tests"]):
         return None
-    from .advisor import advise_from_report
+    from ..advisor import advise_from_report
 
     try:
         return {"summary": advise_from_report(report).summary_lines()}
@@ -531,7 +531,7 @@ class ReportWriter:
 
             def markdown() -> str:
                 if not rendered:
-                    from .render_markdown import render_markdown
+                    from .markdown import render_markdown
 
                     rendered.append(render_markdown(report))
                 return rendered[0]
@@ -543,7 +543,7 @@ class ReportWriter:
                             requested=False)
         if "report_html" in labels:
             def html() -> None:
-                from .render_html import render_html
+                from .html import render_html
 
                 write_atomic(Path(self.settings.report_html), render_html(report))
 
@@ -558,7 +558,7 @@ def _append(path: str, text: str) -> None:
 
 def _schema_problem(report: dict[str, Any]) -> str | None:
     """The first schema violation of ``report``, or None when it is valid."""
-    from .report_validation import validate_report
+    from .schema import validate_report
 
     try:
         validate_report(report)
@@ -570,7 +570,7 @@ def _schema_problem(report: dict[str, Any]) -> str | None:
 
 def print_catalogue(config: pytest.Config, settings: "Settings") -> int:
     """``--opt-techniques``: every technique, whether this machine can run it, and why not."""
-    from .session import OptSession
+    from ..session import OptSession
 
     session = OptSession(config, settings)
     hw = session.hardware

@@ -1,0 +1,1 @@
+"""The engine: loading models, generating, measuring, the bench, tensor parallelism."""

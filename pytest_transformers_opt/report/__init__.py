@@ -1,0 +1,1 @@
+"""The report: the writer, its schema, the renderers, comparison and export."""

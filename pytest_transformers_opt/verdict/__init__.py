@@ -1,0 +1,1 @@
+"""The verdict: results, similarity to the baseline, budgets, statistics, stored baselines."""
