@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The kernels environment: a second virtual environment for the tests that load a kernel
-# (tests/test_local_kernels.py). transformers 5.23+ demands kernels >= 0.18.2, which the package
+# (tests/integration/test_local_kernels.py). transformers 5.23+ demands kernels >= 0.18.2, which the package
 # registry may lack (0.17.2 is the newest there); transformers 5.20-5.22 accept kernels 0.17.x.
 # Pinned in one pip call so that the [test] extra cannot move transformers out of that range.
 # TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cpu on GitHub's runners) picks where the
@@ -10,6 +10,6 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv-kernels
 .venv-kernels/bin/pip install -q torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 .venv-kernels/bin/pip install -q -e ".[test]" "transformers>=5.20,<5.23" "kernels==0.17.2"
-.venv-kernels/bin/python -m pytest tests/test_local_kernels.py -q "$@"
+.venv-kernels/bin/python -m pytest tests/integration/test_local_kernels.py -q "$@"
 # the example project's vendored kernel, as a team's CI would run it
 (cd example_project && ../.venv-kernels/bin/python -m pytest tests/test_vendored_kernels.py -q -p no:cacheprovider)

@@ -27,7 +27,7 @@ from pytest_transformers_opt.errors import OptConfigError
 from pytest_transformers_opt.options import OPTIONS
 
 INNER = ("-p", "no:cacheprovider", "--opt-rounds=1", "--opt-warmup=0")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 USAGE_ERROR = pytest.ExitCode.USAGE_ERROR
 DEEP = "[" * 100_000 + "]" * 100_000
 

@@ -104,7 +104,7 @@ def _readme_default_budgets() -> dict[str, dict[str, float]]:
     """The README's default-budget table: the start of each configuration -> its budgets."""
     import re
 
-    text = (Path(__file__).parent.parent / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = text.split("| configuration (its lossiest technique) | default similarity budgets |", 1)[1]
     rows = {}
     for line in table.splitlines()[2:]:

@@ -14,7 +14,7 @@ import pytest
 from pytest_transformers_opt.advisor import UNVERIFIED
 from pytest_transformers_opt.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
 TESTS_YML = WORKFLOWS / "tests.yml"
 GATE_YML = WORKFLOWS / "gpu-gate.yml"

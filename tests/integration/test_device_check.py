@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "device_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "device_check.py"
 
 
 @pytest.fixture(scope="module")
