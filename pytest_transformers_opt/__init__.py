@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import techniques
 from .errors import OptConfigError, OptProofError, OptTechniqueConflict
-from .engine.loading import OptModel
+from .engine.model import OptModel
 from .verdict.results import OptResult, SideMetrics, Workload
 from .verdict.similarity import Similarity
 from .techniques import Technique, TechniqueSpec

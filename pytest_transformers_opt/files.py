@@ -28,13 +28,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .errors import OptConfigError
 from .units import clip
 
 MAX_JSON_BYTES = 64 * 2**20
 MAX_JSON_DEPTH = 64
 MAX_JSON_ITEMS = 8_000_000
-_INT_LIMIT = 2**63
+JSON_INT_LIMIT = 2**63
 _INT_DIGITS = 19  # |int| < 2**63 has at most 19 digits
 
 
@@ -119,7 +121,7 @@ def _parse_int(text: str) -> int:
     if digits > _INT_DIGITS:
         raise JsonProblem(f"cannot be used: an integer of {digits} digits ({text[:12]}...) does not fit in 64 bits")
     value = int(text)
-    if not -_INT_LIMIT <= value < _INT_LIMIT:
+    if not -JSON_INT_LIMIT <= value < JSON_INT_LIMIT:
         raise JsonProblem(f"cannot be used: the integer {text} does not fit in 64 bits")
     return value
 
@@ -186,3 +188,15 @@ def read_json(path: str | os.PathLike[str], *, what: str = "the file", source: s
     except OSError as exc:
         reason = exc.strerror if exc.strerror and exc.errno else str(exc)
         raise OptConfigError(f"{prefix}cannot read {what} {where!r}: {reason}{suffix}") from None
+
+
+def check_writable(path: Path, source: str) -> None:
+    """Fail at start-up, not after an hour of measuring, when a report cannot be written."""
+    path = path.expanduser()  # every check below on the path that will be written, not on "~/..."
+    parent = path.resolve().parent
+    if path.is_dir():
+        raise pytest.UsageError(f"{source}: {str(path)!r} is a folder; give a file path")
+    if not parent.is_dir():
+        raise pytest.UsageError(f"{source}: the folder {str(parent)!r} does not exist; create it or choose another path")
+    if not os.access(parent, os.W_OK):
+        raise pytest.UsageError(f"{source}: the folder {str(parent)!r} is not writable")

@@ -6,10 +6,10 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import pytest
 
-from .engine.bench import build_workload, enforce_budgets, judge_budgets, run_bench
+from .verdict.bench import build_workload, enforce_budgets, judge_budgets, run_bench
 from .errors import OptConfigError, OptLoadError
 from .engine.hardware import HardwareInfo
-from .engine.loading import OptModel
+from .engine.model import OptModel
 from .verdict.results import OptResult
 from .session import SESSION_KEY, OptSession, TestPlan
 

@@ -13,7 +13,8 @@ from typing import Any, Callable
 import pytest
 
 from .errors import OptConfigError
-from .engine.loading import ModelRequest, parse_dtype
+from .engine.loading import ModelRequest
+from .units import parse_dtype
 
 
 def optimization(*techniques: Any, **budgets: Any) -> None:

@@ -17,6 +17,9 @@ from typing import Any, Callable
 
 import pytest
 
+from .engine.gpu_pinning import parse_gpus_per_worker
+from .files import check_writable
+from .verdict.bench import MAX_ROUNDS, MAX_WARMUP
 from .verdict.budgets import BUDGET_MODES, BUDGETS
 from .errors import OptConfigError
 from .units import parse_non_negative_int
@@ -44,8 +47,6 @@ def _names(value: str) -> tuple[str, ...]:
     return names
 
 
-MAX_ROUNDS = 1000  # measured rounds per side: more only burns CI time (the medians settle long before)
-MAX_WARMUP = 100  # warm-up rounds per side
 
 
 def _rounds(value: str) -> int:
@@ -54,10 +55,6 @@ def _rounds(value: str) -> int:
 
 def _warmup(value: str) -> int:
     return parse_non_negative_int(value, "warm-up rounds", minimum=0, maximum=MAX_WARMUP)
-
-
-def _gpus(value: str) -> int:
-    return parse_non_negative_int(value, "GPUs per worker", minimum=1)
 
 
 def _text(value: str) -> str:
@@ -124,7 +121,7 @@ OPTIONS: tuple[OptionDef, ...] = (
               is_path=True),
     OptionDef("--opt-compare-fail", "opt_compare_fail", "opt_compare_fail", _text, None,
               "regressions that fail the run: latency:10%,peak_memory:5%,kl_mean:0.01", "EXPR[,EXPR]"),
-    OptionDef("--opt-gpus-per-worker", "opt_gpus_per_worker", "opt_gpus_per_worker", _gpus, None,
+    OptionDef("--opt-gpus-per-worker", "opt_gpus_per_worker", "opt_gpus_per_worker", parse_gpus_per_worker, None,
               "under pytest-xdist, pin each worker to its own N GPUs", "N"),
     OptionDef("--opt-techniques", "opt_techniques", None, _bool, False,
               "print the technique catalogue with what this machine supports and why not, then exit", is_flag=True,
@@ -260,18 +257,6 @@ def _resolve_paths(config: pytest.Config, settings: Settings) -> None:
         base = rootdir if source == "default" or source.startswith("ini ") else invocation
         path = Path(value).expanduser()
         settings.values[key] = os.path.normpath(path if path.is_absolute() else base / path)
-
-
-def check_writable(path: Path, source: str) -> None:
-    """Fail at start-up, not after an hour of measuring, when a report cannot be written."""
-    path = path.expanduser()  # every check below on the path that will be written, not on "~/..."
-    parent = path.resolve().parent
-    if path.is_dir():
-        raise pytest.UsageError(f"{source}: {str(path)!r} is a folder; give a file path")
-    if not parent.is_dir():
-        raise pytest.UsageError(f"{source}: the folder {str(parent)!r} does not exist; create it or choose another path")
-    if not os.access(parent, os.W_OK):
-        raise pytest.UsageError(f"{source}: the folder {str(parent)!r} is not writable")
 
 
 def _load_compare(settings: Settings) -> None:

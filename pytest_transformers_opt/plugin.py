@@ -14,8 +14,8 @@ from .fixtures import opt_baseline_model, opt_bench, opt_hardware, opt_model, op
 from .engine.gpu_pinning import PLUGIN_NAME as GPU_PINNING, GpuPinningPlugin
 from .markers import MARKERS, marker_help
 from .options import add_options, resolve_settings
-from .report.writer import ReportWriter, entries_of, print_catalogue, record_entries
-from .session import SESSION_KEY, OptSession, crash_message
+from .report.writer import ReportWriter, entries_of, record_entries
+from .session import SESSION_KEY, OptSession, crash_message, print_catalogue
 
 OPT_FIXTURES = {"opt_bench", "opt_model", "opt_baseline_model"}
 

@@ -13,10 +13,12 @@ import pytest
 
 from .verdict.budgets import Budget, resolve_budgets, worst_quality
 from .errors import OptConfigError, OptLoadError, OptProofError
+from .units import ERROR_CHARS  # the JSON keeps the whole error: its reason may come late (compiler output)
 from .engine.measure import release_memory
 from .engine.hardware import HardwareInfo, probe_hardware
-from .engine.loading import (LoadedModel, ModelCache, ModelRequest, OptModel, OptModelChanged, load_model,
-                             read_model_config, resolve_model_path, tokenizer_only)
+from .engine.loading import (ModelCache, ModelRequest, OptModelChanged, load_model, read_model_config,
+                             resolve_model_path, tokenizer_only)
+from .engine.model import LoadedModel, OptModel
 from .markers import MarkedTest, read_markers
 from .options import Settings
 from .engine.real_models import RealModelUnavailable
@@ -284,8 +286,6 @@ class OptSession:
     # -- outcomes -----------------------------------------------------------------------------------
     def note_report(self, item: pytest.Item, report: pytest.TestReport) -> None:
         """Keep each test's outcome (and skip reason / error) for the report."""
-        from .report.writer import (ERROR_CHARS)  # the JSON keeps the whole error: its reason may come late (compiler output)
-
         record = self.record(item.nodeid)
         if hasattr(report, "wasxfail") and (report.skipped or report.passed):
             # pytest's xfail / xpass (a strict xpass is a plain failure, without wasxfail); the reason is
@@ -331,3 +331,15 @@ class OptSession:
         if self._models is not None:
             self._models.clear()
         self.reference_runs.clear()
+
+
+def print_catalogue(config: pytest.Config, settings: Settings) -> int:
+    """``--opt-techniques``: every technique, whether this machine can run it, and why not."""
+    session = OptSession(config, settings)
+    hw = session.hardware
+    print(f"technique catalogue on {hw.describe()} (torch {hw.versions.get('torch')}, transformers "
+          f"{hw.versions.get('transformers')}):")
+    for name, summary, reason in session.technique_support():
+        status = "supported" if reason is None else f"unsupported: {reason}"
+        print(f"  {name:<24} {summary}\n  {'':<24} -> {status}")
+    return 0

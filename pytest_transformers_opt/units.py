@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 from .errors import OptConfigError
 
@@ -172,3 +173,92 @@ def format_duration(seconds: float | None) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.1f} ms"
     return f"{seconds * 1e6:.0f} us"
+
+
+# ---------------------------------------------------------------- dtypes (torch imported on use)
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "auto")
+_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
+def parse_dtype(value: Any, what: str = "dtype") -> Any:
+    """A ``torch.dtype`` from a name (``"bfloat16"``, ``"bf16"``) or a dtype; ``"auto"`` stays a string."""
+    import torch
+
+    if isinstance(value, torch.dtype) and dtype_name(value) in DTYPE_NAMES:
+        return value
+    if isinstance(value, str):
+        name = _DTYPE_ALIASES.get(value.lower().removeprefix("torch."), value.lower().removeprefix("torch."))
+        if name == "auto":
+            return "auto"
+        if name in DTYPE_NAMES:
+            return getattr(torch, name)
+    raise OptConfigError(f"{what}: {value!r} is not a dtype; accepted: {', '.join(DTYPE_NAMES)} (or torch.bfloat16 ...)")
+
+
+def dtype_name(value: Any) -> str:
+    return str(value).removeprefix("torch.")
+
+
+# ---------------------------------------------------------------- a test's failure as one line
+ERROR_CHARS = 100_000  # what the JSON keeps of a test's error: a compiler's output runs to tens of KiB
+REASON_CHARS = 200  # the one-line reason every renderer shows
+
+# a frame or location line of a traceback: `File "x.py", line 3, in f`, pytest's `x.py:3: RuntimeError`
+_FRAME = re.compile(r'^(?:File "[^"]*", line \d+|\S+:\d+: \w[\w.]*$)')
+_TRACEBACK = re.compile(r"^(?:Traceback \(most recent call last\):|During handling of the above exception|"
+                        r"The above exception was the direct cause|\^[\^~ ]*$|[~^ ]+$)")
+_PATH_ONLY = re.compile(r"^['\"]?(?:[A-Za-z]:)?[\w.~-]*[/\\]\S*$")  # a path alone on its line (no spaces)
+# a compiler's diagnostic (`x.cpp:5:10: fatal error: omp.h: ...`): the line that names what broke
+_DIAGNOSTIC = re.compile(r"^(?:\S+?:\d+(?::\d+)?:\s*)?((?:fatal )?error:\s*\S.*)$")
+_TYPE_PREFIX = re.compile(r"^([A-Za-z_][\w.]*)(?::\s+|:?$)")  # `pkg.mod.ValueError: ...` at a line's start
+_ERROR_NAME = re.compile(r"(?:Error|Exception|Failed|Failure|Interrupt|Exit|Timeout)$")
+
+
+def _shorten(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters on a word boundary with an ellipsis, never inside a path."""
+    if len(text) <= limit:
+        return text
+    space = text[: limit - 1].rfind(" ")
+    head = text[:space] if space > 0 else ""
+    token, _, after = text[space + 1:].partition(" ")
+    if "/" in token or "\\" in token:  # the path the cut would split: its last part says which file
+        short = f"{head} …/{token.replace(chr(92), '/').rstrip('/').rsplit('/', 1)[-1]}".strip()
+        short += " …" if after else ""
+        if len(short) <= limit:
+            return short
+    if len(head) < limit // 2:  # one long word (not a path): better cut than lost
+        return text[: limit - 1] + "…"
+    return head.rstrip(" ,;:") + "…"
+
+
+def failure_reason(error: str | None, limit: int = REASON_CHARS) -> str:
+    """A failed or errored test's error as one readable line: the exception type and its first meaningful
+    message line (no traceback frames, no path alone on its line; a compiler's ``error:`` line when there
+    is one), at most ``limit`` characters. The report's JSON keeps the full ``error``."""
+    lines, after_frame = [], False
+    for raw in str(error or "").splitlines():
+        line = re.sub(r"^E\s{2,}", "", raw).strip()
+        source = after_frame and raw[:1].isspace()  # the source line a traceback prints under its frame
+        after_frame = bool(_FRAME.match(line))
+        if line and not after_frame and not source and not _TRACEBACK.match(line):
+            lines.append(line)
+    if not lines:
+        return "no message recorded"
+    kind, message, path = None, None, None
+    if lines[0].startswith("assert "):  # pytest drops the type of a rewritten bare assert
+        kind = "AssertionError"
+    for n, line in enumerate(lines):
+        rest = line
+        while (match := _TYPE_PREFIX.match(rest)) and (n == 0 and kind is None or _ERROR_NAME.search(match[1])):
+            kind, rest = match[1].rsplit(".", 1)[-1], rest[match.end():]
+        if _PATH_ONLY.match(rest):
+            path = path or rest  # said only when nothing else is
+        # an empty rest, an introduction ("backend='inductor' raised:", "Command:") or a bare path says nothing
+        elif rest and not rest.endswith(":"):
+            message = rest
+            break
+    message = message or path
+    diagnostic = next((m[1] for line in lines if (m := _DIAGNOSTIC.match(line))), None)
+    message = diagnostic or message
+    text = f"{kind}: {message}" if kind and message else kind or message or lines[0]
+    return _shorten(" ".join(text.split()), limit)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import OptConfigError
 from ..files import read_json
-from ..report.writer import failure_reason
+from ..units import failure_reason
 from .advice import Advice, Figure
 from .change import Change, find, parse_technique, replace_family
 from .compat import compatibility_questions, flash_attention_capable

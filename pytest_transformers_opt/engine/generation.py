@@ -20,7 +20,7 @@ from .progress import long_work
 from ..techniques import RunEvidence
 
 if TYPE_CHECKING:
-    from .loading import OptModel
+    from .model import OptModel
 
 
 NEVER_STOP = -1  # an EOS id no token has

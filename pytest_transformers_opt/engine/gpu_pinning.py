@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, MutableMapping
 import pytest
 
 from ..errors import OptConfigError
-from ..options import _gpus
+from ..units import parse_non_negative_int
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 OPTION_DEST = "opt_gpus_per_worker"
@@ -53,6 +53,11 @@ def parse_visible_devices(value: str) -> list[str]:
         if entry not in devices:
             devices.append(entry)
     return devices
+
+
+def parse_gpus_per_worker(value: str) -> int:
+    """``--opt-gpus-per-worker``: a whole number of GPUs, at least one."""
+    return parse_non_negative_int(value, "GPUs per worker", minimum=1)
 
 
 def visible_gpus(env: Mapping[str, str], device_count: Callable[[], int]) -> list[str]:
@@ -161,7 +166,7 @@ def gpus_per_worker_setting(config: Any, env: Mapping[str, str] | None = None) -
     if raw is None:
         return None, "default"
     try:
-        return _gpus(str(raw).strip()), source
+        return parse_gpus_per_worker(str(raw).strip()), source
     except OptConfigError as exc:
         raise pytest.UsageError(f"{source}: {exc}") from None
 

@@ -6,31 +6,15 @@ every skip reason on a CPU-only machine.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import os
 import platform
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..compat import package_version
+
 TRACKED_PACKAGES = ("torch", "transformers", "accelerate", "bitsandbytes", "kernels", "optimum-quanto",
                     "hqq", "torchao", "flash-attn", "flash_attn_3", "nvidia-ml-py", "tokenizers")
-
-
-def package_version(name: str) -> str | None:
-    """Installed version of a distribution, or None when it is not installed."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def module_available(module: str) -> bool:
-    """True when ``module`` can be imported (without importing it)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 @dataclass

@@ -15,35 +15,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import OptConfigError, OptLoadError, OptProofError
+from ..units import parse_dtype
 from .measure import release_memory, track_peak_memory
+from .model import LoadedModel, OptModel, weights_fingerprint
 from .progress import long_work
 from ..techniques import GenerationSettings, LoadSettings, ProbeContext, Technique
 from .real_models import (check_gguf_folder, detach_gguf_quantizer, ensure_real_model, gguf_hint, gguf_kwargs,
                           gguf_load_route, is_real_model)
 from .tiny_models import ensure_tiny_model, is_tiny_model, tiny_model_config
-
-DTYPE_NAMES = ("float32", "bfloat16", "float16", "auto")
-_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
-
-
-def parse_dtype(value: Any, what: str = "dtype") -> Any:
-    """A ``torch.dtype`` from a name (``"bfloat16"``, ``"bf16"``) or a dtype; ``"auto"`` stays a string."""
-    import torch
-
-    if isinstance(value, torch.dtype) and dtype_name(value) in DTYPE_NAMES:
-        return value
-    if isinstance(value, str):
-        name = _DTYPE_ALIASES.get(value.lower().removeprefix("torch."), value.lower().removeprefix("torch."))
-        if name == "auto":
-            return "auto"
-        if name in DTYPE_NAMES:
-            return getattr(torch, name)
-    raise OptConfigError(f"{what}: {value!r} is not a dtype; accepted: {', '.join(DTYPE_NAMES)} (or torch.bfloat16 ...)")
-
-
-def dtype_name(value: Any) -> str:
-    return str(value).removeprefix("torch.")
-
 
 @dataclass(frozen=True)
 class ModelRequest:
@@ -135,130 +114,7 @@ def read_model_config(request: ModelRequest, path: str) -> Any:
         raise OptConfigError(f"{where}: cannot read its config (offline, or not a model): {exc}") from exc
 
 
-FINGERPRINT_SAMPLES = 64  # elements read per parameter, evenly spaced, compared exactly
-# Summed a slice at a time: reductions to float64 cast their input first, and a float64 copy of a whole
-# weight is a transient of twice its float32 size; on CPU glibc then keeps memory the process freed
-# (measured: 0.1-1.2 GiB more resident after a 100M-parameter model was released; 64 KiB slices, one at
-# a time: as without the fingerprint). On a GPU a slice's copy is small next to its memory.
-FINGERPRINT_CHUNK = {"cpu": 2**13, "other": 2**22}
-
-
-def weights_fingerprint(model: Any) -> dict[str, tuple[Any, ...]]:
-    """A cheap summary of every parameter: dtype, device, shape, an evenly spaced sample of its
-    elements and its float64 sum: one pass over the weights (measured on one CPU thread: 0.09 s for a
-    135M-parameter model in float32 or bfloat16, under 1 ms for tiny-random-llama; memory-bound on a GPU).
-
-    The sample catches whole-tensor changes (``mul_``, ``copy_``, ``normal_``) exactly; the sum catches
-    a changed row or element anywhere. Quantized weights (bitsandbytes int8 / packed 4-bit) are plain
-    integer tensors and are summed the same way; a tensor that supports neither (some quantization
-    backends' tensor subclasses) is left out, so it goes unchecked rather than failing a test.
-    """
-    import torch
-
-    prints: dict[str, tuple[Any, ...]] = {}
-    if model is None:
-        return prints
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            try:
-                if param.is_meta or param.numel() == 0:
-                    continue
-                flat = param.detach().reshape(-1)
-                sample = flat[::max(1, flat.numel() // FINGERPRINT_SAMPLES)][:FINGERPRINT_SAMPLES].to("cpu", copy=True)
-                if flat.device.type == "cpu":  # one small transient at a time
-                    total = sum(float(part.sum(dtype=torch.float64)) for part in flat.split(FINGERPRINT_CHUNK["cpu"]))
-                else:  # one device synchronisation per parameter
-                    total = float(torch.stack([part.sum(dtype=torch.float64)
-                                               for part in flat.split(FINGERPRINT_CHUNK["other"])]).sum())
-                # float64 sums of the same values differ in the last bits with another reduction order
-                # (thread count); an edit of the weights moves them far more than this
-                tolerance = 1e-9 * abs(total) + 1e-12 * flat.numel() * float(sample.abs().max().to(torch.float64))
-                prints[name] = ((str(param.dtype), str(param.device), tuple(param.shape)), sample, total, tolerance)
-            except Exception:  # not a plain tensor: unchecked (see above)
-                continue
-    return prints
-
-
-def changed_parameter(model: Any, fingerprint: dict[str, tuple[Any, ...]]) -> str | None:
-    """The name of the first parameter whose weights differ from ``fingerprint``; None when none does."""
-    import torch
-
-    now = weights_fingerprint(model)
-    for name, (meta, sample, total, tolerance) in fingerprint.items():
-        if name not in now:
-            return name
-        new_meta, new_sample, new_total, _ = now[name]
-        if meta != new_meta or not torch.equal(sample, new_sample) or abs(total - new_total) > tolerance:
-            return name
-    return None
-
-
-@dataclass
-class LoadedModel:
-    """Weights in memory and what loading them cost."""
-
-    key: tuple[Any, ...]
-    model: Any
-    tokenizer: Any
-    path: str
-    load_time_s: float
-    load_peak_bytes: int | None
-    resident_bytes: int | None
-    memory_method: str
-    load_techniques: tuple[str, ...]
-    # taken when the model enters the cache; checked at the teardown of each test it was handed to
-    fingerprint: dict[str, tuple[Any, ...]] = field(default_factory=dict, repr=False)
-
-    def changed_parameter(self) -> str | None:
-        """A parameter changed in place since the model was loaded (None: unchanged, or not held here)."""
-        if self.model is None or not self.fingerprint:
-            return None
-        return changed_parameter(self.model, self.fingerprint)
-
-
-@dataclass
-class OptModel:
-    """One configuration under test: ``.model``, ``.tokenizer``, ``.techniques``, ``.generate(prompts)``."""
-
-    loaded: LoadedModel
-    techniques: list[Technique]
-    generation: GenerationSettings
-    request: ModelRequest
-    device: str
-    probe_context: ProbeContext
-    compiled_calls: list[int] = field(default_factory=lambda: [0])
-
-    @property
-    def model(self) -> Any:
-        return self.loaded.model
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.loaded.tokenizer
-
-    @property
-    def labels(self) -> list[str]:
-        return [t.label() for t in self.techniques]
-
-    @property
-    def tensor_parallel_size(self) -> int | None:
-        """N when this configuration runs in N torchrun processes (its weights are not loaded here)."""
-        for technique in self.techniques:
-            if technique.name == "tensor_parallel":
-                return int(technique.params["tp_size"])
-        return None
-
-    def generate(self, prompts: list[str] | str, max_new_tokens: int = 32, **generate_kwargs: Any) -> list[str]:
-        """Greedy generation with this configuration's techniques; returns the generated texts."""
-        from .generation import run_generation
-
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        run = run_generation(self, list(prompts), max_new_tokens, keep_logits=False, extra=generate_kwargs)
-        return run.texts
-
-
-def _load_tokenizer(path: str, request: ModelRequest) -> Any:
+def load_tokenizer(path: str, request: ModelRequest) -> Any:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path, revision=request.revision,
@@ -346,7 +202,7 @@ def load_model(request: ModelRequest, path: str, load_techniques: list[Technique
     # a tiny model loads in a second; a line only when this one takes long (big weights, a first
     # use of a quantization backend)
     with long_work(f"loading {request.name_or_path} [{labels}] on {device}", after_s=LOAD_ANNOUNCE_AFTER_S):
-        tokenizer = _load_tokenizer(path, request)
+        tokenizer = load_tokenizer(path, request)
         prime_loader(device)
         start = time.perf_counter()
         with track_peak_memory(device) as reading:
@@ -372,7 +228,7 @@ def load_model(request: ModelRequest, path: str, load_techniques: list[Technique
 
 def tokenizer_only(request: ModelRequest, path: str, key: tuple[Any, ...]) -> LoadedModel:
     """For configurations whose weights live in other processes (tensor parallelism)."""
-    return LoadedModel(key=key, model=None, tokenizer=_load_tokenizer(path, request), path=path, load_time_s=0.0,
+    return LoadedModel(key=key, model=None, tokenizer=load_tokenizer(path, request), path=path, load_time_s=0.0,
                        load_peak_bytes=None, resident_bytes=None, memory_method="", load_techniques=())
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..techniques.catalogue import distributed_reason
 from .measure import RoundTiming, Timings
 from .progress import long_work
 
@@ -37,54 +38,6 @@ class TensorParallelUnavailable(RuntimeError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def _distributed_reason(device_type: str, device_count: int, tp_size: int) -> str | None:
-    """Why torch.distributed cannot run ``tp_size`` ranks on this device type, or None."""
-    import torch
-
-    label = f"tensor_parallel(tp_size={tp_size})"
-    try:
-        import torch.distributed as dist
-
-        available = dist.is_available()
-    except Exception:  # pragma: no cover - torch builds without the module at all
-        dist, available = None, False
-    if not available:
-        return f"{label} needs torch.distributed; found: torch {torch.__version__} built without it"
-    if device_type == "cuda":
-        if device_count < tp_size:
-            return f"{label} needs {tp_size} CUDA devices; found: {device_count}"
-        if not dist.is_nccl_available():
-            return f"{label} on CUDA needs the nccl backend of torch.distributed; found: torch {torch.__version__} without nccl"
-        return None
-    if device_type == "cpu":
-        if not dist.is_gloo_available():
-            return f"{label} on CPU needs the gloo backend of torch.distributed; found: torch {torch.__version__} without gloo"
-        return None
-    return f"{label} needs {tp_size} CUDA devices or a CPU with gloo; found: {device_type}"
-
-
-def tensor_parallel_probe(device_type: str, device_count: int, tp_size: int, model_config: Any) -> str | None:
-    """The skip reason for ``tensor_parallel(tp_size)`` here, or None when it can run.
-
-    Looks at the device, torch.distributed's backends and the model's config only (no weights).
-    """
-    reason = _distributed_reason(device_type, device_count, tp_size)
-    if reason or model_config is None:
-        return reason
-    model_type = getattr(model_config, "model_type", "?")
-    if not getattr(model_config, "base_model_tp_plan", None):
-        return f"tensor_parallel needs a model with a tp_plan; found: {model_type} without one"
-    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    heads = getattr(text_config, "num_attention_heads", None)
-    kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
-    uneven = [f"{n} {what}" for n, what in ((heads, "attention heads"), (kv_heads, "key/value heads"))
-              if isinstance(n, int) and n % tp_size]
-    if uneven:
-        return (f"tensor_parallel(tp_size={tp_size}) needs attention heads and key/value heads divisible by "
-                f"{tp_size}; found: {model_type} with {heads} attention heads and {kv_heads} key/value heads")
-    return None
 
 
 @dataclass
@@ -229,7 +182,7 @@ def run_tensor_parallel(model_path: str, *, dtype: str | None, tp_size: int, pro
         import torch
 
         device_count = torch.cuda.device_count()
-    reason = _distributed_reason(device_type, device_count, tp_size)
+    reason = distributed_reason(device_type, device_count, tp_size)
     if reason:
         raise TensorParallelUnavailable(reason)
 

@@ -61,7 +61,7 @@ def _init_distributed(device_type: str, local_rank: int, timeout_s: float) -> tu
 
 def _load_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
     """``from_pretrained`` keyword arguments: the user's, then dtype/attention, then the TP config."""
-    from .loading import parse_dtype
+    from ..units import parse_dtype
 
     kwargs: dict[str, Any] = dict(spec.get("from_pretrained_kwargs") or {})
     kwargs.setdefault("use_safetensors", True)
@@ -122,7 +122,8 @@ def run(spec: dict[str, Any], out_dir: Path, rank: int, world_size: int, local_r
     from transformers import AutoModelForCausalLM
 
     from .generation import run_generation
-    from .loading import LoadedModel, ModelRequest, OptModel, _load_tokenizer, prime_loader
+    from .loading import ModelRequest, load_tokenizer, prime_loader
+    from .model import LoadedModel, OptModel
     from .measure import track_peak_memory
     from ..techniques import GenerationSettings, ProbeContext
 
@@ -136,7 +137,7 @@ def run(spec: dict[str, Any], out_dir: Path, rank: int, world_size: int, local_r
     path = spec["model_path"]
     request = ModelRequest(name_or_path=path, revision=spec.get("revision"), dtype=spec.get("dtype"),
                            trust_remote_code=bool(spec.get("trust_remote_code", False)), origin="tensor_parallel")
-    tokenizer = _load_tokenizer(path, request)
+    tokenizer = load_tokenizer(path, request)
     kwargs = _load_kwargs(spec)
     result["from_pretrained_kwargs"] = {k: (repr(v) if k == "distributed_config" else str(v)) for k, v in kwargs.items()}
     prime_loader(device)  # one-time import/allocator costs stay out of the measured load, as in-process

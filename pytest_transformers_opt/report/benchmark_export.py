@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .writer import REPORT_NOT_WRITTEN_STATUS, all_entries, describe_error, note_problem, write_atomic
+from ..files import check_writable, write_atomic
+from .writer import REPORT_NOT_WRITTEN_STATUS, all_entries, describe_error, note_problem
 
 if TYPE_CHECKING:
     from ..session import OptSession
@@ -112,8 +113,6 @@ class BenchmarkExport:
         self._entries: list[dict[str, Any]] | None = None
         json_path = self.config.getoption("benchmark_json", None)
         if json_path is not None:
-            from ..options import check_writable
-
             check_writable(Path(json_path), "--benchmark-json")
 
     def entries(self) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from .writer import failure_reason
+from ..units import failure_reason
 from ..units import format_bytes, format_duration
 
 MISSING = "-"

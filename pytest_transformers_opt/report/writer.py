@@ -11,7 +11,6 @@ import datetime as _dt
 import json
 import math
 import os
-import re
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,10 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..files import MAX_JSON_DEPTH, write_atomic  # noqa: F401 (re-exported: the one writer lives in files.py)
-from ..files import _INT_LIMIT as JSON_INT_LIMIT  # the reader's bound, so what is written reads back
+from ..files import JSON_INT_LIMIT, MAX_JSON_DEPTH, write_atomic  # the reader's bounds, so what is written reads back
 from ..verdict.results import CALL_SUFFIX, call_nodeid
-from ..units import format_bytes, format_duration
+from ..units import failure_reason, format_bytes, format_duration
 
 if TYPE_CHECKING:
     from ..options import Settings
@@ -189,70 +187,6 @@ def render_table(rows: list[list[str]], separator: str = "  ", rule_separator: s
         if n == 0:
             lines.append(rule_separator.join("-" * w for w in widths))
     return lines
-
-
-ERROR_CHARS = 100_000  # what the JSON keeps of a test's error: a compiler's output runs to tens of KiB
-REASON_CHARS = 200  # the one-line reason every renderer shows
-
-# a frame or location line of a traceback: `File "x.py", line 3, in f`, pytest's `x.py:3: RuntimeError`
-_FRAME = re.compile(r'^(?:File "[^"]*", line \d+|\S+:\d+: \w[\w.]*$)')
-_TRACEBACK = re.compile(r"^(?:Traceback \(most recent call last\):|During handling of the above exception|"
-                        r"The above exception was the direct cause|\^[\^~ ]*$|[~^ ]+$)")
-_PATH_ONLY = re.compile(r"^['\"]?(?:[A-Za-z]:)?[\w.~-]*[/\\]\S*$")  # a path alone on its line (no spaces)
-# a compiler's diagnostic (`x.cpp:5:10: fatal error: omp.h: ...`): the line that names what broke
-_DIAGNOSTIC = re.compile(r"^(?:\S+?:\d+(?::\d+)?:\s*)?((?:fatal )?error:\s*\S.*)$")
-_TYPE_PREFIX = re.compile(r"^([A-Za-z_][\w.]*)(?::\s+|:?$)")  # `pkg.mod.ValueError: ...` at a line's start
-_ERROR_NAME = re.compile(r"(?:Error|Exception|Failed|Failure|Interrupt|Exit|Timeout)$")
-
-
-def _shorten(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters on a word boundary with an ellipsis, never inside a path."""
-    if len(text) <= limit:
-        return text
-    space = text[: limit - 1].rfind(" ")
-    head = text[:space] if space > 0 else ""
-    token, _, after = text[space + 1:].partition(" ")
-    if "/" in token or "\\" in token:  # the path the cut would split: its last part says which file
-        short = f"{head} …/{token.replace(chr(92), '/').rstrip('/').rsplit('/', 1)[-1]}".strip()
-        short += " …" if after else ""
-        if len(short) <= limit:
-            return short
-    if len(head) < limit // 2:  # one long word (not a path): better cut than lost
-        return text[: limit - 1] + "…"
-    return head.rstrip(" ,;:") + "…"
-
-
-def failure_reason(error: str | None, limit: int = REASON_CHARS) -> str:
-    """A failed or errored test's error as one readable line: the exception type and its first meaningful
-    message line (no traceback frames, no path alone on its line; a compiler's ``error:`` line when there
-    is one), at most ``limit`` characters. The report's JSON keeps the full ``error``."""
-    lines, after_frame = [], False
-    for raw in str(error or "").splitlines():
-        line = re.sub(r"^E\s{2,}", "", raw).strip()
-        source = after_frame and raw[:1].isspace()  # the source line a traceback prints under its frame
-        after_frame = bool(_FRAME.match(line))
-        if line and not after_frame and not source and not _TRACEBACK.match(line):
-            lines.append(line)
-    if not lines:
-        return "no message recorded"
-    kind, message, path = None, None, None
-    if lines[0].startswith("assert "):  # pytest drops the type of a rewritten bare assert
-        kind = "AssertionError"
-    for n, line in enumerate(lines):
-        rest = line
-        while (match := _TYPE_PREFIX.match(rest)) and (n == 0 and kind is None or _ERROR_NAME.search(match[1])):
-            kind, rest = match[1].rsplit(".", 1)[-1], rest[match.end():]
-        if _PATH_ONLY.match(rest):
-            path = path or rest  # said only when nothing else is
-        # an empty rest, an introduction ("backend='inductor' raised:", "Command:") or a bare path says nothing
-        elif rest and not rest.endswith(":"):
-            message = rest
-            break
-    message = message or path
-    diagnostic = next((m[1] for line in lines if (m := _DIAGNOSTIC.match(line))), None)
-    message = diagnostic or message
-    text = f"{kind}: {message}" if kind and message else kind or message or lines[0]
-    return _shorten(" ".join(text.split()), limit)
 
 
 def terminal_lines(report: dict[str, Any]) -> list[str]:
@@ -566,17 +500,3 @@ def _schema_problem(report: dict[str, Any]) -> str | None:
         lines = str(exc).splitlines()
         return lines[1].strip(" -") if len(lines) > 1 else lines[0]
     return None
-
-
-def print_catalogue(config: pytest.Config, settings: "Settings") -> int:
-    """``--opt-techniques``: every technique, whether this machine can run it, and why not."""
-    from ..session import OptSession
-
-    session = OptSession(config, settings)
-    hw = session.hardware
-    print(f"technique catalogue on {hw.describe()} (torch {hw.versions.get('torch')}, transformers "
-          f"{hw.versions.get('transformers')}):")
-    for name, summary, reason in session.technique_support():
-        status = "supported" if reason is None else f"unsupported: {reason}"
-        print(f"  {name:<24} {summary}\n  {'':<24} -> {status}")
-    return 0

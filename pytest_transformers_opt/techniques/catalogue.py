@@ -16,7 +16,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from ..errors import OptConfigError
-from ..engine.hardware import module_available, package_version
+from ..compat import module_available, package_version
 from .base import LOSSY_4BIT, WEIGHTS_8BIT, GenerationSettings, LoadSettings, ProbeContext, RunEvidence, Technique
 
 DOCS = "https://huggingface.co/docs/transformers/main/en"
@@ -565,7 +565,7 @@ class Bnb4bit(_Bnb):
     def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
         from transformers import BitsAndBytesConfig
 
-        from ..engine.loading import parse_dtype
+        from ..units import parse_dtype
 
         compute = self.params.get("compute_dtype") or ctx.dtype
         load.kwargs["quantization_config"] = BitsAndBytesConfig(
@@ -633,6 +633,54 @@ class TorchaoInt8(_ModuleQuantization):
 
 
 # --- parallelism and batching ---------------------------------------------------------------------
+def distributed_reason(device_type: str, device_count: int, tp_size: int) -> str | None:
+    """Why torch.distributed cannot run ``tp_size`` ranks on this device type, or None."""
+    import torch
+
+    label = f"tensor_parallel(tp_size={tp_size})"
+    try:
+        import torch.distributed as dist
+
+        available = dist.is_available()
+    except Exception:  # pragma: no cover - torch builds without the module at all
+        dist, available = None, False
+    if not available:
+        return f"{label} needs torch.distributed; found: torch {torch.__version__} built without it"
+    if device_type == "cuda":
+        if device_count < tp_size:
+            return f"{label} needs {tp_size} CUDA devices; found: {device_count}"
+        if not dist.is_nccl_available():
+            return f"{label} on CUDA needs the nccl backend of torch.distributed; found: torch {torch.__version__} without nccl"
+        return None
+    if device_type == "cpu":
+        if not dist.is_gloo_available():
+            return f"{label} on CPU needs the gloo backend of torch.distributed; found: torch {torch.__version__} without gloo"
+        return None
+    return f"{label} needs {tp_size} CUDA devices or a CPU with gloo; found: {device_type}"
+
+
+def tensor_parallel_probe(device_type: str, device_count: int, tp_size: int, model_config: Any) -> str | None:
+    """The skip reason for ``tensor_parallel(tp_size)`` here, or None when it can run.
+
+    Looks at the device, torch.distributed's backends and the model's config only (no weights).
+    """
+    reason = distributed_reason(device_type, device_count, tp_size)
+    if reason or model_config is None:
+        return reason
+    model_type = getattr(model_config, "model_type", "?")
+    if not getattr(model_config, "base_model_tp_plan", None):
+        return f"tensor_parallel needs a model with a tp_plan; found: {model_type} without one"
+    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    heads = getattr(text_config, "num_attention_heads", None)
+    kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
+    uneven = [f"{n} {what}" for n, what in ((heads, "attention heads"), (kv_heads, "key/value heads"))
+              if isinstance(n, int) and n % tp_size]
+    if uneven:
+        return (f"tensor_parallel(tp_size={tp_size}) needs attention heads and key/value heads divisible by "
+                f"{tp_size}; found: {model_type} with {heads} attention heads and {kv_heads} key/value heads")
+    return None
+
+
 class TensorParallel(Technique):
     name = "tensor_parallel"
     family = "parallelism"
@@ -650,8 +698,6 @@ class TensorParallel(Technique):
             raise OptConfigError(f"tensor_parallel: tp_size={size!r}; accepted: an int >= 2")
 
     def probe(self, ctx: ProbeContext) -> str | None:
-        from ..engine.tensor_parallel import tensor_parallel_probe
-
         return tensor_parallel_probe(ctx.hardware.device_type, ctx.hardware.device_count, self.params["tp_size"],
                                      ctx.model_config)
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 import pytest
 
-from pytest_transformers_opt.report.writer import REASON_CHARS, failure_reason
+from pytest_transformers_opt.units import REASON_CHARS, failure_reason
 
 from conftest import UserRun
 

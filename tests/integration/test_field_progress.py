@@ -10,7 +10,7 @@ import time
 import pytest
 
 from pytest_transformers_opt.engine import tiny_models
-from pytest_transformers_opt.engine.bench import (CPU_MAX_EXTRA_WARMUP, WARMUP_TOLERANCE, rounds_agree, warm_until_stable,
+from pytest_transformers_opt.verdict.bench import (CPU_MAX_EXTRA_WARMUP, WARMUP_TOLERANCE, rounds_agree, warm_until_stable,
                                            warmup_bounds)
 
 from conftest import FAST_ARGS

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_transformers_opt.engine.bench import model_key_extra
+from pytest_transformers_opt.verdict.bench import model_key_extra
 from pytest_transformers_opt.verdict.baselines import baseline_key
 from pytest_transformers_opt.engine.loading import ModelRequest
 from pytest_transformers_opt.engine import real_models, tiny_models

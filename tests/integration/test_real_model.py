@@ -98,7 +98,7 @@ def test_continuous_batching(opt_bench):
 def test_real_model_tier_passes_lossy_techniques_and_continuous_batching_with_default_budgets(run_user) -> None:
     """The healthy lossy techniques pass their measured defaults on the default workload (3 prompts x 24
     tokens), judged at every generated position even where the tokens diverged early."""
-    from pytest_transformers_opt.engine.bench import DEFAULT_MAX_NEW_TOKENS
+    from pytest_transformers_opt.verdict.bench import DEFAULT_MAX_NEW_TOKENS
     from pytest_transformers_opt.verdict.budgets import default_similarity
     from pytest_transformers_opt.verdict.results import DEFAULT_PROMPTS
 

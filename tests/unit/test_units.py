@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 from pytest_transformers_opt import techniques
 from pytest_transformers_opt.verdict.budgets import BUDGETS, parse_budget
 from pytest_transformers_opt.errors import OptConfigError, OptTechniqueConflict
-from pytest_transformers_opt.engine.loading import parse_dtype
-from pytest_transformers_opt.options import MAX_ROUNDS, MAX_WARMUP, OPTIONS, _device, _mode, _names, _rounds, _warmup
+from pytest_transformers_opt.units import parse_dtype
+from pytest_transformers_opt.options import OPTIONS, _device, _mode, _names, _rounds, _warmup
+from pytest_transformers_opt.verdict.bench import MAX_ROUNDS, MAX_WARMUP
 from pytest_transformers_opt.techniques import Technique, TechniqueSpec, build_registry, check_stack
 from pytest_transformers_opt.units import (parse_duration, parse_fraction, parse_non_negative_int,
                                            parse_positive_float, parse_size, parse_throughput)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_transformers_opt.engine.bench import warm_until_stable, warmup_bounds
+from pytest_transformers_opt.verdict.bench import warm_until_stable, warmup_bounds
 from pytest_transformers_opt.verdict.budgets import Budget, check_budgets
 from pytest_transformers_opt.verdict.results import OptResult, SideMetrics, Workload
 from pytest_transformers_opt.verdict.similarity import NEAR_TIE_LOGPROB_GAP, Similarity, compare_runs

@@ -18,24 +18,26 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
-from ..verdict.baselines import (BaselineStore, StoredBaseline, baseline_key, hardware_fingerprint,
-                                 measurements_usable, similarity_against_stored)
-from ..verdict.budgets import BORDERLINE, SPEED_BUDGETS, check_budgets, format_checks
-from ..verdict.decode_efficiency import decode_estimates
+from .baselines import (BaselineStore, StoredBaseline, baseline_key, hardware_fingerprint, measurements_usable,
+                        similarity_against_stored)
+from .budgets import BORDERLINE, SPEED_BUDGETS, check_budgets, format_checks
+from .decode_efficiency import decode_estimates
 from ..errors import OptConfigError, OptProofError
-from .generation import GenerationRun, run_generation
-from .loading import ModelRequest, OptModel
-from .measure import PeakReading, Timings, track_peak_memory
-from .progress import Work, long_work
-from ..options import MAX_ROUNDS, MAX_WARMUP
-from ..verdict.results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload
-from ..verdict.similarity import compare_runs, diverged, forced_run_note
+from ..engine.generation import GenerationRun, run_generation
+from ..engine.loading import ModelRequest
+from ..engine.model import OptModel
+from ..engine.measure import PeakReading, Timings, track_peak_memory
+from ..engine.progress import Work, long_work
+from .results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload
+from .similarity import compare_runs, diverged, forced_run_note
 from ..units import parse_non_negative_int, shown
 
 if TYPE_CHECKING:
     from ..session import OptSession, TestPlan
 
 DEFAULT_MAX_NEW_TOKENS = 24
+MAX_ROUNDS = 1000  # measured rounds per side: more only burns CI time (the medians settle long before)
+MAX_WARMUP = 100  # warm-up rounds per side
 MAX_NEW_TOKENS = 2**20  # the bound for a model whose config names no max_position_embeddings
 
 
@@ -400,7 +402,7 @@ def _run_tensor_parallel_bench(session: "OptSession", plan: "TestPlan", base: Op
     The two sides cannot take turns round by round, so each side's rounds run as one block: the
     report says so in the test's notes.
     """
-    from .tensor_parallel import TensorParallelUnavailable, run_tensor_parallel
+    from ..engine.tensor_parallel import TensorParallelUnavailable, run_tensor_parallel
 
     base_timings = Timings()
 
