@@ -11,7 +11,8 @@ from typing import Any
 from ..verdict.budgets import default_similarity as plugin_default_similarity
 from ..verdict.budgets import worst_quality
 from ..techniques.base import LOSSLESS
-from ..techniques.catalogue import BUILTIN_TECHNIQUES, CB_BLOCK_MARGIN
+from ..techniques.catalogue import BUILTIN_TECHNIQUES
+from ..techniques.serving import CB_BLOCK_MARGIN
 from .change import Change, find
 
 OVERVIEW = "Transformers docs: Inference optimization overview"

@@ -277,7 +277,7 @@ def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens
     from transformers import GenerationConfig
     from transformers.generation import ContinuousBatchingConfig
 
-    from ..techniques.catalogue import size_continuous_batching
+    from ..techniques.serving import size_continuous_batching
     from ..units import format_bytes
 
     tokenizer, device, model = opt.tokenizer, opt.device, opt.model

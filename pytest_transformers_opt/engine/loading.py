@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import OptConfigError, OptLoadError, OptProofError
 from ..units import parse_dtype
 from .measure import release_memory, track_peak_memory
-from .model import LoadedModel, OptModel, weights_fingerprint
+from .model import LoadedModel, weights_fingerprint
 from .progress import long_work
-from ..techniques import GenerationSettings, LoadSettings, ProbeContext, Technique
+from ..techniques import LoadSettings, ProbeContext, Technique
 from .real_models import (check_gguf_folder, detach_gguf_quantizer, ensure_real_model, gguf_hint, gguf_kwargs,
                           gguf_load_route, is_real_model)
 from .tiny_models import ensure_tiny_model, is_tiny_model, tiny_model_config

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..techniques.catalogue import distributed_reason
+from ..techniques.parallel import distributed_reason
 from .measure import RoundTiming, Timings
 from .progress import long_work
 

@@ -23,7 +23,6 @@ from ..verdict.results import CALL_SUFFIX, call_nodeid
 from ..units import failure_reason, format_bytes, format_duration
 
 if TYPE_CHECKING:
-    from ..options import Settings
     from ..session import OptSession, TestRecord
 
 SCHEMA = "pytest-transformers-opt/report"

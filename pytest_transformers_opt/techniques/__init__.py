@@ -9,8 +9,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .base import (GenerationSettings, LoadSettings, ProbeContext, RunEvidence, Technique, TechniqueRegistry,
-                   TechniqueSpec, check_stack)
+from .base import (
+    GenerationSettings,
+    LoadSettings,
+    ProbeContext,
+    RunEvidence,
+    Technique,
+    TechniqueRegistry,
+    TechniqueSpec,
+    check_stack,
+)
 from .catalogue import BUILTIN_TECHNIQUES
 
 __all__ = [

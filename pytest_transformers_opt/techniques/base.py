@@ -12,6 +12,9 @@ import difflib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, ContextManager
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from ..errors import OptConfigError
 
 if TYPE_CHECKING:
@@ -225,3 +228,34 @@ def check_stack(stack: list[Technique], where: str = "optimization marker") -> N
             reason = first.conflicts_with(second) or second.conflicts_with(first)
             if reason:
                 raise OptTechniqueConflict(f"{where}: {first.label()} and {second.label()} conflict: {reason}")
+
+
+# ---------------------------------------------------------------- shared by the technique families
+DOCS = "https://huggingface.co/docs/transformers/main/en"
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def model_class(config: Any) -> Any:
+    """The causal-LM class transformers would instantiate for ``config`` (None when unknown)."""
+    if config is None:
+        return None
+    try:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM._model_mapping[type(config)]
+    except Exception:
+        return None
+
+
+def model_flag(config: Any, flag: str) -> bool | None:
+    cls = model_class(config)
+    return None if cls is None else bool(getattr(cls, flag, False))
+
+
+def version_ok(installed: str | None, spec: str) -> bool:
+    if installed is None:
+        return False
+    try:
+        return Version(installed) in SpecifierSet(spec)
+    except (InvalidVersion, InvalidSpecifier):
+        return False

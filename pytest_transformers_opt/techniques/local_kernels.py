@@ -114,7 +114,8 @@ def build_problem(root: Path, device_type: str, what: str) -> str | None:
         need = "a torch-cpu (or torch-universal) build" if device_type == "cpu" else f"a build for {device_type}"
         return f"{what} needs {need} of the local kernel; found: {'; '.join(rejected) or 'none'}"
     try:
-        from kernels import Metadata, __version__ as kernels_version
+        from kernels import Metadata
+        from kernels import __version__ as kernels_version
 
         metadata = Metadata.read_from_file(build / "metadata.json")
     except Exception as exc:  # a metadata format this kernels release does not read

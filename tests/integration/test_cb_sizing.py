@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoConfig, AutoTokenizer
 
 from pytest_transformers_opt.engine.real_models import GGUF_INSTALL
-from pytest_transformers_opt.techniques.catalogue import (CB_BLOCK_MARGIN, CB_MAX_DERIVED_BATCH_TOKENS,
+from pytest_transformers_opt.techniques.serving import (CB_BLOCK_MARGIN, CB_MAX_DERIVED_BATCH_TOKENS,
                                                           size_continuous_batching)
 from pytest_transformers_opt.engine.tiny_models import ensure_tiny_model
 

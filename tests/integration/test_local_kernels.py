@@ -22,7 +22,7 @@ import pytest
 from pytest_transformers_opt import techniques
 from pytest_transformers_opt.errors import OptConfigError
 from pytest_transformers_opt.engine.hardware import HardwareInfo
-from pytest_transformers_opt.techniques import ProbeContext, RunEvidence, build_registry, catalogue
+from pytest_transformers_opt.techniques import ProbeContext, RunEvidence, build_registry, layer_kernels
 
 # An RMSNorm written another way than LlamaRMSNorm (torch's fused rms_norm); a module-level counter shows it ran.
 RMS_NORM = """
@@ -196,13 +196,13 @@ def test_version_window_skip(run_user, tmp_path: Path, monkeypatch: pytest.Monke
     kernels environment the window is narrowed so that the installed kernels falls outside it.
     """
     write_kernel(tmp_path / "k")
-    real = catalogue._kernels_problem()
+    real = layer_kernels.kernels_problem()
     if real is None:
-        monkeypatch.setattr(catalogue, "kernels_window", lambda: ">=0.18.2,<0.19")
+        monkeypatch.setattr(layer_kernels, "kernels_window", lambda: ">=0.18.2,<0.19")
     run = run_user(user_test(tmp_path / "k"), "-rs")
     run.result.assert_outcomes(skipped=1)
     reason = run.test("test_local_kernel")["skip_reason"]
-    window = catalogue.kernels_window()
+    window = layer_kernels.kernels_window()
     assert reason.startswith(f"kernels(local={str(tmp_path / 'k')!r}) needs "), reason
     assert window in reason and "transformers " in reason, reason
     assert reason.endswith("found: not installed") or "found: kernels " in reason, reason
@@ -226,9 +226,9 @@ def test_parameters_are_checked_at_setup(tmp_path: Path) -> None:
 
 
 # -- the probe and the proof, directly ------------------------------------------------------------
-def _local(root: Path) -> catalogue.Kernels:
+def _local(root: Path) -> layer_kernels.Kernels:
     technique = build_registry().resolve(techniques.kernels(local=root, layers={"RMSNorm": "RMSNorm"}))
-    assert isinstance(technique, catalogue.Kernels)
+    assert isinstance(technique, layer_kernels.Kernels)
     return technique
 
 
@@ -238,7 +238,7 @@ def test_probe_drops_the_cuda_requirement_for_a_cpu_build(tmp_path: Path, monkey
     ctx = ProbeContext(hardware=HardwareInfo(), model_config=None)
     technique = _local(tmp_path / "k")
     assert technique.probe(ctx) is None
-    assert "needs a CUDA GPU" in catalogue.Kernels().probe(ctx)  # the hub form still needs one
+    assert "needs a CUDA GPU" in layer_kernels.Kernels().probe(ctx)  # the hub form still needs one
     monkeypatch.setenv("USE_HUB_KERNELS", "0")  # transformers then marks no layer for kernels
     assert technique.probe(ctx) == (f"kernels(local={str(tmp_path / 'k')!r}) needs transformers' kernel layers "
                                     f"enabled (USE_HUB_KERNELS unset or 1); found: USE_HUB_KERNELS=0")

@@ -6,7 +6,7 @@ import pytest
 
 from pytest_transformers_opt.engine.hardware import HardwareInfo
 from pytest_transformers_opt.techniques import ProbeContext, TechniqueSpec, build_registry
-from pytest_transformers_opt.techniques import catalogue
+from pytest_transformers_opt.techniques import attention, caches, layer_kernels, quantization
 
 GPU_TESTS = '''
 import pytest
@@ -86,13 +86,13 @@ CUDA = dict(device="cuda:0", device_type="cuda", name="NVIDIA T4", device_count=
 
 
 def test_flash_attention_2_probe_on_faked_gpus(monkeypatch):
-    monkeypatch.setattr(catalogue, "module_available", lambda module: False)
+    monkeypatch.setattr(attention, "module_available", lambda module: False)
     old = _probe("flash_attention_2", _ctx(**CUDA, compute_capability=(7, 5)))
     assert old == ("flash_attention_2 needs a CUDA GPU of compute capability >= 8.0; "
                    "found: cuda:0 (NVIDIA T4, compute capability 7.5)")
     ampere = dict(CUDA, name="NVIDIA A100", compute_capability=(8, 0))
     assert _probe("flash_attention_2", _ctx(**ampere)) == "flash_attention_2 needs the flash-attn package; found: not installed"
-    monkeypatch.setattr(catalogue, "module_available", lambda module: True)
+    monkeypatch.setattr(attention, "module_available", lambda module: True)
     assert _probe("flash_attention_2", _ctx(**ampere, dtype="float32")) == \
         "flash_attention_2 needs dtype float16 or bfloat16; found: float32"
     assert _probe("flash_attention_2", _ctx(**ampere)) is None
@@ -101,9 +101,9 @@ def test_flash_attention_2_probe_on_faked_gpus(monkeypatch):
 
 
 def test_kernels_probe_names_the_version_window(monkeypatch):
-    monkeypatch.setattr(catalogue, "kernels_window", lambda: ">=0.18.2,<0.19")
+    monkeypatch.setattr(layer_kernels, "kernels_window", lambda: ">=0.18.2,<0.19")
     versions = {"kernels": "0.17.2", "transformers": "5.24.0"}
-    monkeypatch.setattr(catalogue, "package_version", lambda name: versions.get(name))
+    monkeypatch.setattr(layer_kernels, "package_version", lambda name: versions.get(name))
     reason = _probe("kernels", _ctx(**CUDA, compute_capability=(9, 0)))
     assert reason == "kernels needs kernels >=0.18.2,<0.19 (demanded by transformers 5.24.0); found: kernels 0.17.2"
     versions["kernels"] = "0.18.3"
@@ -114,7 +114,7 @@ def test_kernels_probe_names_the_version_window(monkeypatch):
 def test_hub_kernel_probe_needs_the_kernel_in_the_local_cache(monkeypatch, tmp_path):
     from huggingface_hub import constants
 
-    monkeypatch.setattr(catalogue, "_kernels_problem", lambda: None)  # the package window is tested above
+    monkeypatch.setattr(layer_kernels, "kernels_problem", lambda: None)  # the package window is tested above
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     hopper = _ctx(**CUDA, compute_capability=(9, 0))
     assert _probe("kernels-community/flash-attn2", hopper) == (
@@ -149,7 +149,8 @@ def test_sdpa_probe_reads_the_model_class():
 
 @pytest.mark.parametrize("name", ["quantized_cache", "hqq_4bit", "quanto_int8", "torchao_int8"])
 def test_missing_packages_are_named(monkeypatch, name):
-    monkeypatch.setattr(catalogue, "module_available", lambda module: False)
+    for family in (caches, quantization):
+        monkeypatch.setattr(family, "module_available", lambda module: False)
     reason = _probe(name, _ctx())
     assert reason is not None and "package; found: not installed" in reason
 

@@ -12,7 +12,7 @@ import torch
 
 from pytest_transformers_opt.engine.measure import RoundTiming
 from pytest_transformers_opt.engine.tensor_parallel import TensorParallelRun, TensorParallelUnavailable, run_tensor_parallel
-from pytest_transformers_opt.techniques.catalogue import tensor_parallel_probe
+from pytest_transformers_opt.techniques.parallel import tensor_parallel_probe
 from pytest_transformers_opt.engine.tiny_models import ensure_tiny_model
 
 PROMPTS = ["Hello there", "The cat sat on the mat and", "Explain gravity in one sentence."]

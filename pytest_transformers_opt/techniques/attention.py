@@ -1,0 +1,164 @@
+"""Attention backends: eager, SDPA, flex attention, FlashAttention 2/3 and hub attention kernels."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from ..compat import module_available
+from ..errors import OptConfigError
+from .base import (
+    DOCS,
+    HALF_DTYPES,
+    LoadSettings,
+    ProbeContext,
+    RunEvidence,
+    Technique,
+    model_flag,
+    version_ok,
+)
+from . import layer_kernels
+
+
+class AttentionBackend(Technique):
+    family = "attention"
+    exclusive_group = "attention implementation"
+    load_time = True
+    implementation: ClassVar[str] = ""
+    model_flag: ClassVar[str | None] = None
+    docs = f"{DOCS}/attention_interface"
+
+    @property
+    def impl(self) -> str:
+        return self.implementation or self.name
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        if self.model_flag and model_flag(ctx.model_config, self.model_flag) is False:
+            arch = getattr(ctx.model_config, "model_type", "this model")
+            return f"{self.label()} needs a model class that supports it ({self.model_flag}); found: {arch} does not"
+        return None
+
+    def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
+        load.kwargs["attn_implementation"] = self.impl
+
+    def verify_loaded(self, model: Any) -> str | None:
+        actual = getattr(model.config, "_attn_implementation", None)
+        if actual != self.impl:
+            return f"{self.label()} was requested but the loaded model uses attention {actual!r}"
+        return None
+
+    def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
+        if evidence.attention_backend_calls is None:  # not observable (e.g. inside a compiled graph)
+            return None
+        if evidence.attention_module_calls == 0:
+            return f"{self.label()}: no attention module ran during generation"
+        ran = {k: v for k, v in evidence.attention_backend_calls.items() if v}
+        if self.impl == "eager":
+            if ran:
+                return f"eager attention was requested but {', '.join(ran)} ran instead"
+            return None
+        if not evidence.attention_backend_calls.get(self.impl):
+            found = ", ".join(ran) or "eager"
+            return f"{self.label()} was requested but its attention function never ran; found: {found}"
+        return None
+
+
+class Eager(AttentionBackend):
+    name = "eager"
+    summary = "plain PyTorch attention (the reference implementation)"
+
+
+class Sdpa(AttentionBackend):
+    name = "sdpa"
+    model_flag = "_supports_sdpa"
+    summary = "torch.nn.functional.scaled_dot_product_attention"
+    requirement = "a model class that supports SDPA"
+
+
+class FlexAttention(AttentionBackend):
+    name = "flex_attention"
+    model_flag = "_supports_flex_attn"
+    summary = "PyTorch FlexAttention (compiled block-sparse attention)"
+    requirement = "torch >= 2.5 and a model class that supports flex attention; compiles on first use"
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        torch_version = ctx.hardware.version("torch")
+        if not version_ok((torch_version or "0").split("+")[0], ">=2.5"):
+            return f"flex_attention needs torch >= 2.5; found: torch {torch_version}"
+        return super().probe(ctx)
+
+
+class FlashAttention2(AttentionBackend):
+    name = "flash_attention_2"
+    model_flag = "_supports_flash_attn"
+    summary = "FlashAttention-2 kernels (flash-attn package)"
+    requirement = "the flash-attn package, a CUDA GPU of compute capability >= 8.0, fp16/bf16"
+    min_capability: ClassVar[tuple[int, int]] = (8, 0)
+    package: ClassVar[str] = "flash-attn"
+    module: ClassVar[str] = "flash_attn"
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        hw = ctx.hardware
+        need = f"{self.name} needs a CUDA GPU of compute capability >= {self.min_capability[0]}.{self.min_capability[1]}"
+        if not hw.is_cuda:
+            return f"{need}; found: {hw.describe()}"
+        if hw.compute_capability is None or tuple(hw.compute_capability) < self.min_capability:
+            return f"{need}; found: {hw.describe()}"
+        if not module_available(self.module):
+            return f"{self.name} needs the {self.package} package; found: not installed"
+        if ctx.dtype not in HALF_DTYPES:
+            return f"{self.name} needs dtype float16 or bfloat16; found: {ctx.dtype}"
+        return super().probe(ctx)
+
+
+class FlashAttention3(FlashAttention2):
+    name = "flash_attention_3"
+    summary = "FlashAttention-3 kernels for Hopper GPUs"
+    requirement = "the flash_attn_3 package (flash_attn_interface), a Hopper GPU (compute capability 9.x), fp16/bf16"
+    min_capability = (9, 0)
+    package = "flash_attn_3"
+    module = "flash_attn_interface"
+
+
+class HubKernelAttention(AttentionBackend):
+    """An attention kernel from the Hub, e.g. ``"kernels-community/flash-attn2"``."""
+
+    name = "hub_kernel"
+    summary = "an attention kernel from the Hub through the kernels library (give its repo id)"
+    requirement = "the kernels package in the version window transformers demands, a CUDA GPU, the kernel cached locally"
+    accepted_params = {"repo_id": "the kernel's Hub id, e.g. 'kernels-community/flash-attn2'"}
+    docs = f"{DOCS}/kernel_doc/overview"
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        repo = params.get("repo_id")
+        if not isinstance(repo, str) or repo.count("/") < 1:
+            raise OptConfigError(f"hub kernel: repo_id must look like 'org/name'; got {repo!r}")
+
+    @property
+    def impl(self) -> str:
+        return self.params["repo_id"]
+
+    def label(self) -> str:
+        return self.impl
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        problem = layer_kernels.kernels_problem()
+        if problem:
+            return f"{self.impl} needs {problem}"
+        if not ctx.hardware.is_cuda:
+            return f"{self.impl} needs a CUDA GPU; found: {ctx.hardware.describe()}"
+        problem = layer_kernels.hub_cache_problem(self.impl)
+        return f"{self.impl} needs {problem}" if problem else None
+
+    def verify_loaded(self, model: Any) -> str | None:
+        actual = str(getattr(model.config, "_attn_implementation", ""))
+        if self.impl not in actual:
+            return f"{self.impl} was requested but the loaded model uses attention {actual!r}"
+        return None
+
+    def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
+        if evidence.attention_backend_calls is None:
+            return None
+        if not any(v for k, v in evidence.attention_backend_calls.items() if self.impl in k):
+            return f"{self.impl} was requested but its attention function never ran"
+        return None

@@ -1,0 +1,146 @@
+"""KV caches: static, sliding window, offloaded, offloaded static and quantized."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from ..compat import module_available
+from ..errors import OptConfigError
+from .base import (
+    DOCS,
+    LOSSY_4BIT,
+    WEIGHTS_8BIT,
+    GenerationSettings,
+    ProbeContext,
+    RunEvidence,
+    Technique,
+)
+
+
+class CacheTechnique(Technique):
+    family = "caching"
+    exclusive_group = "KV cache"
+    cache_implementation: ClassVar[str] = ""
+    docs = f"{DOCS}/kv_cache"
+
+    def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:
+        gen.kwargs["cache_implementation"] = self.cache_implementation
+
+    def cache_layers(self, evidence: RunEvidence) -> list[str]:
+        layers = getattr(evidence.cache, "layers", None) or []
+        return [type(layer).__name__ for layer in layers]
+
+    def conflicts_with(self, other: Technique) -> str | None:
+        if other.name == "continuous_batching":
+            return "continuous batching manages its own paged cache"
+        return None
+
+
+class StaticCacheTechnique(CacheTechnique):
+    name = "static_cache"
+    cache_implementation = "static"
+    summary = "a pre-allocated, fixed-size KV cache (cache_implementation='static'), not compiled"
+
+    def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:
+        super().configure_generation(gen, ctx)
+        # On CUDA transformers compiles a static cache by itself; keep the two effects apart so that
+        # static_cache measures the cache and `compile` measures compilation.
+        gen.kwargs.setdefault("disable_compile", True)
+
+    def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
+        layers = self.cache_layers(evidence)
+        if not layers or not all(name.startswith("Static") for name in layers):
+            return f"static_cache was requested but generation used {type(evidence.cache).__name__} with layers {sorted(set(layers))}"
+        return None
+
+
+class SlidingWindowCache(CacheTechnique):
+    name = "sliding_window_cache"
+    cache_implementation = "static"
+    summary = "a static cache whose sliding-window layers keep only the last window of tokens"
+    requirement = "a model config with sliding_window set (e.g. Mistral, Qwen3 with use_sliding_window)"
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        if ctx.model_config is None:  # catalogue listing: depends on the model
+            return None
+        window = getattr(ctx.model_config, "sliding_window", None)
+        if not window:
+            arch = getattr(ctx.model_config, "model_type", "unknown")
+            return f"sliding_window_cache needs a model with sliding-window attention (config.sliding_window); found: {arch} without one"
+        return None
+
+    def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
+        layers = self.cache_layers(evidence)
+        if not any("SlidingWindow" in name for name in layers):
+            return f"sliding_window_cache was requested but no sliding-window cache layer was used; found: {sorted(set(layers))}"
+        return None
+
+
+class OffloadedCacheTechnique(CacheTechnique):
+    name = "offloaded_cache"
+    cache_implementation = "offloaded"
+    summary = "a dynamic KV cache offloaded to CPU memory, one layer on the GPU at a time"
+    requirement = "a CUDA GPU (the cache is offloaded from GPU to CPU memory)"
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        if not ctx.hardware.is_cuda:
+            return f"{self.name} needs a CUDA GPU to offload the cache from; found: {ctx.hardware.describe()}"
+        return None
+
+    def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
+        if not getattr(evidence.cache, "offloading", False):
+            return f"{self.name} was requested but the cache used ({type(evidence.cache).__name__}) is not offloading"
+        return None
+
+
+class OffloadedStaticCache(OffloadedCacheTechnique):
+    name = "offloaded_static_cache"
+    cache_implementation = "offloaded_static"
+    summary = "a static KV cache offloaded to CPU memory"
+
+
+class QuantizedCacheTechnique(CacheTechnique):
+    name = "quantized_cache"
+    cache_implementation = "quantized"
+    quality = WEIGHTS_8BIT  # at nbits >= 4; fewer bits are set to LOSSY_4BIT below
+    summary = "a KV cache quantized to nbits (quanto or hqq backend)"
+    requirement = "optimum-quanto (backend='quanto') or hqq (backend='hqq')"
+    accepted_params = {"backend": "'quanto' or 'hqq'", "nbits": "2 or 4 (quanto), 1-8 (hqq)",
+                       "residual_length": "recent tokens kept unquantized (int)"}
+    backends: ClassVar[dict[str, tuple[str, str]]] = {"quanto": ("optimum.quanto", "optimum-quanto"),
+                                                      "hqq": ("hqq", "hqq")}
+
+    def __init__(self, **params: Any) -> None:
+        params.setdefault("backend", "quanto")
+        params.setdefault("nbits", 4)
+        super().__init__(**params)
+        backend, nbits = params["backend"], params["nbits"]
+        if backend not in self.backends:
+            raise OptConfigError(f"quantized_cache: backend {backend!r} is not supported; accepted: 'quanto', 'hqq'")
+        allowed = (2, 4) if backend == "quanto" else tuple(range(1, 9))
+        if isinstance(nbits, bool) or not isinstance(nbits, int) or nbits not in allowed:
+            raise OptConfigError(f"quantized_cache: nbits={nbits!r} is not accepted for backend {backend!r}; accepted: {allowed}")
+        if nbits < 4:  # quanto 2-bit on smollm2-135m: KL 0.72-0.95, top-1 0.60-0.68 (benchmarks/RESULTS.md)
+            self.quality = LOSSY_4BIT
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        module, package = self.backends[self.params["backend"]]
+        if not module_available(module):
+            return f"{self.label()} needs the {package} package; found: not installed"
+        return None
+
+    def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:
+        gen.kwargs["cache_implementation"] = "quantized"
+        gen.kwargs["cache_config"] = {"backend": self.params["backend"], "nbits": self.params["nbits"],
+                                      **({"residual_length": self.params["residual_length"]}
+                                         if "residual_length" in self.params else {})}
+
+    def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
+        layers = self.cache_layers(evidence)
+        expected = "Quanto" if self.params["backend"] == "quanto" else "HQQ"
+        if not layers or not all(expected in name for name in layers):
+            return f"{self.label()} was requested but the cache layers were {sorted(set(layers))}"
+        return None
+
+
+# --- weight quantization ----------------------------------------------------------------------------
