@@ -16,7 +16,8 @@ from typing import NoReturn, Sequence
 from .advisor import advise, advise_from_report, load_model_shape, load_report, render_json, render_text, write_test
 from .advisor.change import ATTENTION_BACKENDS
 from .advisor.estimates import DTYPE_FORMS, normalize_dtype
-from .advisor.workload import DEFAULT_INPUT_TOKENS, DEFAULT_MAX_NEW_TOKENS, PROBLEMS, Workload, parse_compute_capability
+from .advisor.workload import (ASSUMED_INPUT_TOKENS, ASSUMED_MAX_NEW_TOKENS, PROBLEMS, ServingScenario,
+                               parse_compute_capability)
 from .errors import OptConfigError
 from .units import SIZE_FORMS, parse_non_negative_int, parse_size
 
@@ -68,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="GPU compute capability, e.g. 8.0 (A100) or 9.0 (H100); decides FlashAttention")
     work = advise.add_argument_group("workload")
     work.add_argument("--input-tokens", metavar="N",
-                      help=f"input length in tokens. Default: assumed {DEFAULT_INPUT_TOKENS}")
+                      help=f"input length in tokens. Default: assumed {ASSUMED_INPUT_TOKENS}")
     work.add_argument("--max-new-tokens", metavar="N",
-                      help=f"generation limit in tokens. Default: assumed {DEFAULT_MAX_NEW_TOKENS}")
+                      help=f"generation limit in tokens. Default: assumed {ASSUMED_MAX_NEW_TOKENS}")
     work.add_argument("--batch-size", metavar="N", help="sequences per generate call. Default: assumed 1")
     work.add_argument("--concurrency", metavar="N", help="concurrent requests served. Default: assumed 1")
     work.add_argument("--problem", choices=tuple(PROBLEMS), metavar="PROBLEM",
@@ -95,8 +96,8 @@ def _size(value: str | None, option: str) -> int | None:
     return None if value is None else parse_size(value, option)
 
 
-def workload_from_args(args: argparse.Namespace) -> Workload:
-    """The stated workload; every bad value is an ``OptConfigError`` naming its option."""
+def workload_from_args(args: argparse.Namespace) -> ServingScenario:
+    """The stated model, hardware and workload; every bad value is an ``OptConfigError`` naming its option."""
     if args.attention is not None and args.attention not in ATTENTION_BACKENDS and "/" not in args.attention:
         raise OptConfigError(f"--attention: {args.attention!r} is not an attention implementation; accepted: "
                              f"{', '.join(ATTENTION_BACKENDS)} or a hub kernel id such as "
@@ -106,7 +107,7 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
     if args.model is None and args.from_report is None:
         raise OptConfigError("--model: required (a model folder, a config.json path, or tiny-random-llama), "
                              "unless --from-report PATH is given")
-    return Workload(
+    return ServingScenario(
         model=args.model,
         revision=args.revision,
         device=args.device,

@@ -4,8 +4,10 @@ any release, so each is reached through one function here, with the fallback it 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
+from typing import Any, Callable, Iterator
 
 
 def package_version(name: str) -> str | None:
@@ -22,3 +24,127 @@ def module_available(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
+
+
+# ---------------------------------------------------------------- transformers: model classes and config
+def causal_lm_class(config: Any) -> Any:
+    """The causal-LM class transformers would instantiate for ``config`` (None when unknown)."""
+    if config is None:
+        return None
+    try:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM._model_mapping[type(config)]
+    except Exception:  # not a causal LM, or the mapping moved: unknown
+        return None
+
+
+def model_class_supports(config: Any, flag: str) -> bool | None:
+    """The model class's ``_supports_*`` flag (e.g. ``"_supports_sdpa"``) for ``config``; None when the class is unknown."""
+    cls = causal_lm_class(config)
+    return None if cls is None else bool(getattr(cls, flag, False))
+
+
+def attention_implementation(config: Any) -> str | None:
+    """The attention implementation a loaded model's config says it uses (``config._attn_implementation``)."""
+    return getattr(config, "_attn_implementation", None)
+
+
+# ---------------------------------------------------------------- transformers: attention dispatch
+@contextlib.contextmanager
+def attention_functions_wrapped(wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """Every attention function transformers dispatches to, replaced by ``wrap(name, function)`` while the
+    context is open; transformers' own mapping is restored after."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    # the per-process overrides that ``ALL_ATTENTION_FUNCTIONS[key] = f`` writes; without it (a newer
+    # transformers) the originals are written back through the public mapping
+    local = getattr(ALL_ATTENTION_FUNCTIONS, "_local_mapping", None)
+    originals = dict(local) if local is not None else {key: ALL_ATTENTION_FUNCTIONS[key] for key in ALL_ATTENTION_FUNCTIONS}
+    for key in list(ALL_ATTENTION_FUNCTIONS):
+        ALL_ATTENTION_FUNCTIONS[key] = wrap(key, ALL_ATTENTION_FUNCTIONS[key])
+    try:
+        yield
+    finally:
+        if local is not None:
+            local.clear()
+            local.update(originals)
+        else:
+            for key, function in originals.items():
+                ALL_ATTENTION_FUNCTIONS[key] = function
+
+
+# ---------------------------------------------------------------- transformers: compiled forward
+def compiled_forward(model: Any) -> Any:
+    """The compiled forward ``generate`` calls for a static cache (``model._compiled_call``), None before any."""
+    return getattr(model, "_compiled_call", None)
+
+
+def set_compiled_forward(model: Any, forward: Callable[..., Any], compile_config: Any) -> None:
+    """Make ``forward`` the compiled forward ``generate`` uses for ``compile_config``: transformers makes its
+    own only when none exists or its config differs from ``model._last_compile_config``."""
+    model._last_compile_config = compile_config
+    model._compiled_call = forward
+
+
+def drop_compiled_forward(model: Any) -> bool:
+    """Remove the model's compiled forward (it holds references to the weights); True when it had one."""
+    had = hasattr(model, "_compiled_call")
+    for attribute in ("_compiled_call", "_last_compile_config"):
+        if hasattr(model, attribute):
+            delattr(model, attribute)
+    return had
+
+
+def compile_on_all_devices(compile_config: Any) -> None:
+    """transformers compiles only on CUDA-like devices unless its ``CompileConfig`` says otherwise."""
+    compile_config._compile_all_devices = True  # transformers' own switch for this
+
+
+def continuous_batching_manager(model: Any) -> Any:
+    """The manager the last ``generate_batch(persistent_manager=True)`` left on the model, or None."""
+    return getattr(model, "_cached_continuous_batching_manager", None)
+
+
+def device_mesh(model: Any) -> Any:
+    """The device mesh a tensor-parallel model was sharded over, or None."""
+    return getattr(model, "_device_mesh", None)
+
+
+def kernelized_functions(module: Any) -> dict[str, Any]:
+    """The functions ``use_kernelized_func`` attached to a module (``module._kernel_funcs``), by name."""
+    return getattr(module, "_kernel_funcs", None) or {}
+
+
+# ---------------------------------------------------------------- torch: dynamo
+def compiled_graph_count() -> int:
+    """Graphs dynamo has compiled in this process so far (0 when torch's counters are not readable)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:
+        return 0
+
+
+def reset_compiled_graphs() -> None:
+    """Drop every graph dynamo cached (they hold references to the weights they were traced with)."""
+    import torch
+
+    reset = getattr(getattr(torch, "_dynamo", None), "reset", None)
+    if reset is not None:
+        reset()
+
+
+# ---------------------------------------------------------------- pytest-benchmark: its storage
+def benchmark_storage(url: str, logger: Any, netrc: Any) -> Any:
+    """The storage ``--benchmark-storage`` names, built as pytest-benchmark builds its own (``.save(output_json,
+    name)`` writes one saved run). ``utils.load_storage`` and ``get_machine_id`` are not documented API: when
+    a release moves them, the error says so and that ``--benchmark-json`` still works."""
+    try:
+        from pytest_benchmark.utils import get_machine_id, load_storage
+    except ImportError as exc:
+        raise RuntimeError(f"pytest-benchmark {package_version('pytest-benchmark')} has no utils.load_storage, "
+                           "so --benchmark-save / --benchmark-autosave cannot be honoured here; "
+                           "--benchmark-json=PATH still writes the data") from exc
+    return load_storage(url, logger=logger, default_machine_id=get_machine_id(), netrc=netrc)

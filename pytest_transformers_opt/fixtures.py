@@ -11,7 +11,8 @@ from .errors import OptConfigError, OptLoadError
 from .engine.hardware import HardwareInfo
 from .engine.model import OptModel
 from .verdict.results import OptResult
-from .session import SESSION_KEY, OptSession, TestPlan
+from .plan import TestPlan, build_plan, skip_unsupported
+from .session import SESSION_KEY, OptSession
 
 
 T = TypeVar("T")
@@ -42,9 +43,9 @@ def opt_plan(request: pytest.FixtureRequest) -> TestPlan:
     session = _session(request)
     # recorded from here on, however the test asked for the fixture (parameter or getfixturevalue)
     record = session.record(request.node.nodeid)
-    plan = _or_fail(lambda: session.plan(request.node))
+    plan = _or_fail(lambda: build_plan(request.node, session))
     record.plan = plan
-    _or_fail(lambda: session.probe(plan))  # before any model is loaded
+    _or_fail(lambda: skip_unsupported(plan, session.settings.require))  # before any model is loaded
     return plan
 
 
@@ -83,9 +84,9 @@ def opt_bench(request: pytest.FixtureRequest, opt_plan: TestPlan, opt_model: Opt
         def baseline() -> OptModel:  # loaded only when no usable stored baseline replaces it
             return _load(request, opt_plan, optimized=False)
 
-        measured = _or_fail(lambda: run_bench(session, opt_plan, baseline, opt_model, workload))
-        result = judge_budgets(session, opt_plan, measured)
-        result.remeasure = None  # frees the closure over models and runs
+        # no local keeps the measurement: its remeasure closure holds models and runs
+        result = judge_budgets(session, opt_plan, _or_fail(lambda: run_bench(session, opt_plan, baseline, opt_model,
+                                                                             workload)))
         record.results.append(result)  # every call is a row of the report
         enforce_budgets(session, opt_plan, result)
         return result

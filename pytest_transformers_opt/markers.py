@@ -1,7 +1,7 @@
 """The three markers: one keyword-only signature each, which both parses them and writes their help.
 
 ``pytest --markers`` text is generated from these signatures and docstrings, so help and parser
-cannot disagree (see STYLE.md).
+cannot disagree.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def marker_help(name: str) -> str:
     plain = inspect.signature(function).replace(return_annotation=inspect.Signature.empty)
     plain = plain.replace(parameters=[p.replace(annotation=inspect.Parameter.empty) for p in plain.parameters.values()])
     signature = str(plain)
-    return f"{name}{signature}: {inspect.getdoc(function).splitlines()[0]}"  # type: ignore[union-attr]
+    return f"{name}{signature}: {inspect.getdoc(function).splitlines()[0]}"  # type: ignore[union-attr]  # every marker function has a docstring
 
 
 def bind_marker(mark: pytest.Mark) -> inspect.BoundArguments:

@@ -11,18 +11,21 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import pytest
 
 from .engine.gpu_pinning import parse_gpus_per_worker
 from .files import check_writable
 from .verdict.bench import MAX_ROUNDS, MAX_WARMUP
-from .verdict.budgets import BUDGET_MODES, BUDGETS
+from .verdict.budgets import BUDGET_MODES, BUDGETS, parse_budget
 from .errors import OptConfigError
 from .units import parse_non_negative_int
+
+if TYPE_CHECKING:
+    from .report.compare import Threshold
 
 DEFAULT_MODEL = "tiny-random-llama"
 
@@ -166,81 +169,111 @@ def add_options(parser: pytest.Parser) -> None:
                   type="string", default=None)
 
 
-@dataclass
+DEFAULT_BASELINE = ("eager",)
+REPORT_KEYS = ("report_json", "report_md", "report_html")
+
+
+@dataclass(frozen=True)
 class Settings:
-    """Every option after CLI > environment > ini > default resolution."""
+    """Every option after CLI > environment > ini > default resolution, and what configure time read from
+    them. One field per entry of ``OPTIONS``, named as its ``dest`` without ``opt_``; built once, by
+    ``resolve_settings``, and never changed after."""
 
-    values: dict[str, Any] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)
-    ini_budgets: dict[str, Any] = field(default_factory=dict)
-    baseline: tuple[str, ...] = ("eager",)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.__dict__["values"][name]
-        except KeyError:
-            raise AttributeError(name) from None
+    report: bool
+    report_json: str | None  # paths absolute (resolved at configure time)
+    report_md: str | None
+    report_html: str | None
+    model: str
+    device: str
+    require: frozenset[str]  # technique names or labels, or "all"; empty: no strict mode
+    budgets: str  # a BUDGET_MODES entry
+    baselines: str
+    update_baselines: bool
+    compare: str | None
+    compare_fail: str | None
+    gpus_per_worker: int | None
+    techniques: bool
+    rounds: int
+    warmup: int
+    sources: dict[str, str]  # option key -> where its value came from: the flag, the variable, "ini KEY", "default"
+    ini_budgets: dict[str, str]  # budget name -> the ini value, checked
+    baseline: tuple[str, ...]  # ini opt_baseline, else eager
+    compare_report: dict[str, Any] | None  # the --opt-compare report, read at configure time
+    compare_thresholds: list[Threshold]  # --opt-compare-fail, parsed
 
 
 def resolve_settings(config: pytest.Config) -> Settings:
     """Read every option; raise ``pytest.UsageError`` naming the source of a bad value."""
-    settings = Settings()
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for option in OPTIONS:
         key = option.dest.removeprefix("opt_")
-        cli = config.getoption(option.dest)
-        if cli is not None and cli is not False:
-            settings.values[key], settings.sources[key] = cli, option.flag
-            continue
-        raw, source = (os.environ.get(option.env), option.env) if option.env else (None, "")
-        if raw is not None and not raw.strip():
-            raw = None  # an empty variable counts as unset: CI templates export empty values for "not set"
-        if raw is None and option.ini:
-            raw, source = config.getini(option.ini), f"ini {option.ini}"
-            raw = raw or None
-        if raw is None:
-            settings.values[key], settings.sources[key] = option.default, "default"
-            continue
-        try:
-            settings.values[key] = option.parse(str(raw).strip())
-        except OptConfigError as exc:
-            raise pytest.UsageError(f"{source}: {exc}") from None
-        settings.sources[key] = source
-    if settings.values["require"]:
-        settings.values["require"] = frozenset(settings.values["require"])
+        values[key], sources[key] = _resolve(config, option)
+    values["require"] = frozenset(values["require"])
+    ini_budgets = _ini_budgets(config)
+    baseline = _ini_baseline(config)
+    values = _absolute_paths(config, values, sources)
+    compare_report, compare_thresholds = _load_compare(values, sources)
+    _check_report_paths(values, sources)
+    return Settings(**values, sources=sources, ini_budgets=ini_budgets, baseline=baseline,
+                    compare_report=compare_report, compare_thresholds=compare_thresholds)
+
+
+def _resolve(config: pytest.Config, option: OptionDef) -> tuple[Any, str]:
+    """(value, source) of one option: command line, then environment, then ini, then the default."""
+    cli = config.getoption(option.dest)
+    if cli is not None and cli is not False:
+        return cli, option.flag
+    raw, source = (os.environ.get(option.env), option.env) if option.env else (None, "")
+    if raw is not None and not raw.strip():
+        raw = None  # an empty variable counts as unset: CI templates export empty values for "not set"
+    if raw is None and option.ini:
+        raw, source = config.getini(option.ini), f"ini {option.ini}"
+        raw = raw or None
+    if raw is None:
+        return option.default, "default"
+    try:
+        return option.parse(str(raw).strip()), source
+    except OptConfigError as exc:
+        raise pytest.UsageError(f"{source}: {exc}") from None
+
+
+def _ini_budgets(config: pytest.Config) -> dict[str, str]:
+    """The ``opt_<budget>`` ini keys that are set, each checked now: a bad one is a usage error."""
+    budgets = {}
     for name in BUDGETS:
         raw = config.getini(f"opt_{name}")
         if raw:
-            from .verdict.budgets import parse_budget
-
             try:
                 parse_budget(name, raw, f"ini opt_{name}")
             except OptConfigError as exc:
                 raise pytest.UsageError(str(exc)) from None
-            settings.ini_budgets[name] = raw
+            budgets[name] = raw
+    return budgets
+
+
+def _ini_baseline(config: pytest.Config) -> tuple[str, ...]:
     baseline = config.getini("opt_baseline")
-    if baseline:
-        settings.baseline = tuple(n.strip() for n in baseline.split(",") if n.strip())
-    _resolve_paths(config, settings)
-    _load_compare(settings)
+    return tuple(n.strip() for n in baseline.split(",") if n.strip()) if baseline else DEFAULT_BASELINE
+
+
+def _check_report_paths(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    """Each requested report file is writable, and no two formats name the same file."""
     written: dict[Path, str] = {}
     for key in REPORT_KEYS:
-        path = settings.values.get(key)
+        path = values.get(key)
         if path:
-            source = settings.sources[key]
+            source = sources[key]
             check_writable(Path(path), source)
             same = Path(path).resolve()
             if same in written:
                 raise pytest.UsageError(f"{written[same]} and {source} name the same file {path!r}; each report "
                                         f"format needs its own path")
             written[same] = source
-    return settings
 
 
-REPORT_KEYS = ("report_json", "report_md", "report_html")
-
-
-def _resolve_paths(config: pytest.Config, settings: Settings) -> None:
-    """Make every path option absolute, once, now: later a test may change directory.
+def _absolute_paths(config: pytest.Config, values: Mapping[str, Any], sources: Mapping[str, str]) -> dict[str, Any]:
+    """``values`` with every path option absolute, made so once, now: later a test may change directory.
 
     ``~`` is expanded; a relative path from the command line or the environment is relative to the
     directory pytest was started in, one from the ini file (or the default) to the ini file's folder
@@ -248,29 +281,32 @@ def _resolve_paths(config: pytest.Config, settings: Settings) -> None:
     """
     invocation = Path(config.invocation_params.dir)
     rootdir = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
+    absolute = dict(values)
     for option in OPTIONS:
         key = option.dest.removeprefix("opt_")
-        value = settings.values.get(key)
+        value = values.get(key)
         if not option.is_path or not value:
             continue
-        source = settings.sources[key]
+        source = sources[key]
         base = rootdir if source == "default" or source.startswith("ini ") else invocation
         path = Path(value).expanduser()
-        settings.values[key] = os.path.normpath(path if path.is_absolute() else base / path)
+        absolute[key] = os.path.normpath(path if path.is_absolute() else base / path)
+    return absolute
 
 
-def _load_compare(settings: Settings) -> None:
+def _load_compare(values: Mapping[str, Any], sources: Mapping[str, str]
+                  ) -> tuple[dict[str, Any] | None, list[Threshold]]:
     """Parse --opt-compare-fail and read the --opt-compare report now: a bad one is a usage error."""
     from .report.compare import load_compare_report, parse_compare_fail
 
-    thresholds = []
+    thresholds: list[Threshold] = []
+    compare = values.get("compare")
     try:
-        if settings.values.get("compare_fail"):
-            thresholds = parse_compare_fail(settings.compare_fail, settings.sources["compare_fail"])
-        settings.values["compare_report"] = (load_compare_report(settings.compare, settings.sources["compare"])
-                                             if settings.compare else None)
+        if values.get("compare_fail"):
+            thresholds = parse_compare_fail(values["compare_fail"], sources["compare_fail"])
+        report = load_compare_report(compare, sources["compare"]) if compare else None
     except OptConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
-    if thresholds and not settings.compare:
-        raise pytest.UsageError(f"{settings.sources['compare_fail']}: needs --opt-compare=PATH (the earlier report)")
-    settings.values["compare_thresholds"] = thresholds
+    if thresholds and not compare:
+        raise pytest.UsageError(f"{sources['compare_fail']}: needs --opt-compare=PATH (the earlier report)")
+    return report, thresholds

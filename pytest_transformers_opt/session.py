@@ -1,57 +1,39 @@
-"""The session object behind every hook and fixture, stored in ``config.stash``.
+"""The session object behind every hook and fixture, stored in ``config.stash``, and the plugin object
+whose methods are the runtime hooks.
 
-It owns the settings, the hardware probe, the technique registry, the model cache, the baseline
-reference runs and what each test recorded for the report.
+``OptSession`` owns the settings, the hardware probe, the technique registry, the model cache, the
+baseline reference runs and what each test recorded for the report. ``OptPlugin`` is registered with
+it in ``pytest_configure`` and hands each hook's work to it or to the report writer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generator
 
 import pytest
 
-from .verdict.budgets import Budget, resolve_budgets, worst_quality
+from .compat import package_version
 from .errors import OptConfigError, OptLoadError, OptProofError
 from .units import ERROR_CHARS  # the JSON keeps the whole error: its reason may come late (compiler output)
 from .engine.measure import release_memory
 from .engine.hardware import HardwareInfo, probe_hardware
-from .engine.loading import (ModelCache, ModelRequest, OptModelChanged, load_model, read_model_config,
-                             resolve_model_path, tokenizer_only)
+from .engine.loading import ModelCache, ModelRequest, OptModelChanged, load_model, read_model_config, tokenizer_only
 from .engine.model import LoadedModel, OptModel
-from .markers import MarkedTest, read_markers
+from .markers import read_markers
 from .options import Settings
-from .engine.real_models import RealModelUnavailable
+from .plan import Configuration, TestPlan, probe_reason
 from .verdict.results import CALL_SUFFIX
-from .techniques import GenerationSettings, ProbeContext, Technique, TechniqueRegistry, build_registry, check_stack
+from .report.writer import ReportWriter, entries_of, record_entries
+from .techniques import GenerationSettings, ProbeContext, TechniqueRegistry, build_registry
+
+if TYPE_CHECKING:
+    from .engine.generation import GenerationRun
+    from .engine.measure import PeakReading
 
 SESSION_KEY = pytest.StashKey["OptSession"]()
-
-
-@dataclass
-class Configuration:
-    """One side of a comparison: a model and the technique stack it runs with."""
-
-    request: ModelRequest
-    techniques: list[Technique]
-
-    @property
-    def labels(self) -> list[str]:
-        return [t.label() for t in self.techniques]
-
-
-@dataclass
-class TestPlan:
-    """Everything the markers of one test resolve to, checked, before any model loads."""
-
-    nodeid: str
-    marked: MarkedTest
-    model_path: str
-    probe_context: ProbeContext
-    baseline: Configuration
-    optimized: Configuration
-    declared: list[str]  # the techniques the optimization marker names
-    budgets: dict[str, Budget]
+# a test that uses one of these has a record, and its model counts for freeing memory
+OPT_FIXTURES = frozenset({"opt_bench", "opt_model", "opt_baseline_model"})
 
 
 @dataclass
@@ -73,34 +55,6 @@ def crash_message(report: Any) -> str:
             f"or it exited)")
 
 
-def _stack_with_inheritance(baseline: list[Technique], declared: list[Technique]) -> list[Technique]:
-    """The optimized stack: the baseline's techniques, overridden by the declared ones where they clash.
-
-    So ``optimization("static_cache")`` measures the cache alone, on the baseline's attention and dtype.
-    """
-    kept = []
-    for inherited in baseline:
-        clashes = any(
-            d.name == inherited.name
-            or (d.exclusive_group and d.exclusive_group == inherited.exclusive_group)
-            or d.conflicts_with(inherited) or inherited.conflicts_with(d)
-            for d in declared
-        )
-        if not clashes:
-            kept.append(inherited)
-    return kept + declared
-
-
-def probe_reason(technique: Technique, ctx: ProbeContext) -> str | None:
-    """``technique.probe(ctx)``, checked: a custom technique's probe that returns anything but None or a
-    reason is a bug in that technique, named as one (not a skip with a reason of ``42``)."""
-    reason = technique.probe(ctx)
-    if reason is None or (isinstance(reason, str) and reason.strip()):
-        return reason
-    raise OptConfigError(f"technique {technique.label()}: probe() returned {reason!r} ({type(reason).__name__}); "
-                         f"it must return None when the technique can run here, or a non-empty str saying why not")
-
-
 class OptSession:
     def __init__(self, config: pytest.Config, settings: Settings) -> None:
         self.config = config
@@ -108,7 +62,7 @@ class OptSession:
         self._hardware: HardwareInfo | None = None
         self._registry: TechniqueRegistry | None = None
         self._models: ModelCache | None = None
-        self.reference_runs: dict[tuple[Any, ...], Any] = {}
+        self.reference_runs: dict[tuple[Any, ...], tuple[GenerationRun, PeakReading]] = {}
         self.reference_run_count = 0
         self.saved_baselines: set[str] = set()  # keys written by --opt-update-baselines this session
         self.records: dict[str, TestRecord] = {}
@@ -116,7 +70,7 @@ class OptSession:
         self.worker_entries: dict[str, dict[str, Any]] = {}
         self._handed: dict[str, list[LoadedModel]] = {}  # test id -> cached models it was given
         self.is_xdist_worker = hasattr(config, "workerinput")
-        self._configs: dict[str, Any] = {}
+        self._configs: dict[tuple[tuple[Any, ...], str], Any] = {}  # (model identity, path) -> its config
         self._item_model: dict[str, tuple[Any, ...]] = {}
         self._remaining_uses: dict[tuple[Any, ...], int] = {}
 
@@ -149,57 +103,19 @@ class OptSession:
     def record(self, nodeid: str) -> TestRecord:
         return self.records.setdefault(nodeid, TestRecord(nodeid))
 
-    # -- planning -----------------------------------------------------------------------------------
-    def plan(self, item: pytest.Item) -> TestPlan:
-        """Resolve and check the markers of ``item``; raises ``OptConfigError`` for bad input."""
-        default_source = self.settings.sources.get("model", "default")
-        marked = read_markers(item, self.settings.model, f"{default_source} default model", self.settings.baseline)
-        registry = self.registry
-        declared = [registry.resolve(spec, "@pytest.mark.optimization") for spec in marked.techniques]
-        check_stack(declared, "@pytest.mark.optimization")
-        baseline = [registry.resolve(spec, f"baseline ({marked.baseline_origin})") for spec in marked.baseline]
-        check_stack(baseline, f"baseline ({marked.baseline_origin})")
-        optimized = _stack_with_inheritance(baseline, declared)
-        try:
-            path = resolve_model_path(marked.model)
-        except RealModelUnavailable as exc:  # a package not installed here: a skip, with the install command
-            pytest.skip(exc.reason)
-        model_config = self._model_config(marked.model, path)
-        dtype = marked.model.dtype or str(getattr(model_config, "dtype", None) or "float32").removeprefix("torch.")
-        ctx = ProbeContext(hardware=self.hardware, model_config=model_config, dtype=dtype)
-        distributions = not any(t.name == "continuous_batching" for t in optimized)
-        budgets = resolve_budgets(marked.budgets, self.settings.ini_budgets,
-                                  worst_quality([t.quality for t in optimized + baseline]), dtype, distributions,
-                                  "@pytest.mark.optimization")
-        return TestPlan(nodeid=item.nodeid, marked=marked, model_path=path, probe_context=ctx,
-                        baseline=Configuration(marked.model, baseline),
-                        optimized=Configuration(marked.model, optimized),
-                        declared=[t.label() for t in declared], budgets=budgets)
-
-    def _model_config(self, request: ModelRequest, path: str) -> Any:
+    def model_config(self, request: ModelRequest, path: str) -> Any:
+        """The model's config, read once per model and path for the session."""
         key = (request.identity(), path)
         if key not in self._configs:
             self._configs[key] = read_model_config(request, path)
         return self._configs[key]
-
-    def probe(self, plan: TestPlan) -> None:
-        """Skip (or, in strict mode, fail) when a technique of either side cannot run here."""
-        for technique in plan.baseline.techniques + plan.optimized.techniques:
-            reason = probe_reason(technique, plan.probe_context)
-            if reason is None:
-                continue
-            required = self.settings.require
-            if required and ("all" in required or technique.name in required or technique.label() in required):
-                pytest.fail(f"required technique {technique.label()} cannot run here (--opt-require): {reason}",
-                            pytrace=False)
-            pytest.skip(reason)
 
     # -- models -------------------------------------------------------------------------------------
     def opt_model(self, plan: TestPlan, side: Configuration) -> OptModel:
         load_time = [t for t in side.techniques if t.load_time]
         key = (side.request.identity(), tuple(sorted(t.label() for t in load_time)), self.device)
         try:
-            if any(t.name == "tensor_parallel" for t in side.techniques):
+            if any(t.runs_in_subprocesses for t in side.techniques):
                 loaded = tokenizer_only(side.request, plan.model_path, key)
             else:
                 loaded = self.models.get(key, lambda: load_model(side.request, plan.model_path, load_time,
@@ -226,8 +142,7 @@ class OptSession:
         rows = []
         for technique_class in self.registry.classes():
             try:
-                technique = technique_class() if technique_class.name != "hub_kernel" else \
-                    technique_class(repo_id="kernels-community/flash-attn2")
+                technique = technique_class(**technique_class.example_params)
                 reason = probe_reason(technique, ctx)
             except OptConfigError as exc:
                 reason = str(exc)
@@ -241,7 +156,7 @@ class OptSession:
 
         uses: Counter[tuple[Any, ...]] = Counter()
         for item in items:
-            if not {"opt_bench", "opt_model", "opt_baseline_model"} & set(getattr(item, "fixturenames", ())):
+            if not OPT_FIXTURES & set(getattr(item, "fixturenames", ())):
                 continue
             try:
                 marked = read_markers(item, self.settings.model, "default", self.settings.baseline)
@@ -293,7 +208,8 @@ class OptSession:
             record.outcome = "xfailed" if report.skipped else "xpassed"
             record.skip_reason = str(report.wasxfail).removeprefix("reason: ") or None
             crash = getattr(report.longrepr, "reprcrash", None)
-            record.error = crash.message[:ERROR_CHARS] if report.skipped and getattr(crash, "message", None) else None
+            record.error = (crash.message[:ERROR_CHARS]
+                            if report.skipped and crash is not None and getattr(crash, "message", None) else None)
         elif report.skipped:
             record.outcome = "skipped"
             longrepr = report.longrepr
@@ -343,3 +259,85 @@ def print_catalogue(config: pytest.Config, settings: Settings) -> int:
         status = "supported" if reason is None else f"unsupported: {reason}"
         print(f"  {name:<24} {summary}\n  {'':<24} -> {status}")
     return 0
+
+
+def next_change_lines(report: dict[str, Any]) -> list[str]:
+    """The advisor's "next change to try" for the report just built: the advisor reads the report, so it
+    is handed to the writer from here rather than imported by it (imported on use: a session that builds no
+    report never loads the advisor)."""
+    from .advisor import advise_from_report
+
+    return advise_from_report(report).summary_lines()
+
+
+class OptPlugin:
+    """The runtime hooks, on one object that ``pytest_configure`` registers with the session it serves
+    (as pytest-xdist registers its ``DSession``); each hands its work to the session or the report writer.
+
+    Under pytest-xdist, workers send each test's report entries with its reports (``opt_entries``:
+    pytest serialises a report's attributes), so the controller has every finished test even when a
+    worker is killed; a test its worker died in is recorded as failed, as pytest counts it. Those hooks
+    are optional: without xdist nothing calls them.
+    """
+
+    def __init__(self, session: OptSession) -> None:
+        self.session = session
+
+    def _writer(self) -> ReportWriter:
+        return ReportWriter(self.session, advice=next_change_lines)
+
+    def pytest_report_header(self) -> str:
+        settings = self.session.settings
+        # versions from package metadata and the requested device, not the hardware probe: that imports torch
+        # (a second or more), which a session that uses none of the plugin should not pay; the report names
+        # the device measured on
+        device = f"{settings.device} (probed on first use)" if settings.device == "auto" else settings.device
+        return (f"transformers-opt: device {device}, torch {package_version('torch')}, transformers "
+                f"{package_version('transformers')}, default model {settings.model}, budgets {settings.budgets}")
+
+    @pytest.hookimpl(trylast=True)  # after -k, -m, --deselect and conftests: count only the tests that will run
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        self.session.count_model_uses(items)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        report = yield
+        session = self.session
+        # a record exists once opt_plan ran, also for a test that asked for it through getfixturevalue
+        if item.nodeid in session.records or OPT_FIXTURES & set(getattr(item, "fixturenames", ())):
+            session.note_report(item, report)
+            if session.is_xdist_worker:  # travels to the controller with the report
+                report.opt_entries = entries_of(session.records[item.nodeid])
+        return report
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        self.session.finished_with(item)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        self._writer().terminal(terminalreporter)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        try:
+            if self.session.is_xdist_worker:
+                # workeroutput: set by xdist on a worker's config, sent to the controller when the worker ends
+                session.config.workeroutput["opt_report_entries"] = record_entries(self.session)  # type: ignore[attr-defined]  # xdist's attribute
+            # pytest returns session.exitstatus after this hook; the terminal summary (printed next) says why
+            session.exitstatus = self._writer().finish(session.exitstatus)
+        finally:
+            self.session.close()
+
+    # -- pytest-xdist ---------------------------------------------------------------------------------
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        entries = getattr(report, "opt_entries", None)
+        if entries and not self.session.is_xdist_worker:
+            self.session.note_worker_entries(entries)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport) -> None:
+        self.session.note_crash(crashitem, crash_message(report))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any) -> None:
+        # the same entries once more, at the end of a worker that finished normally
+        self.session.note_worker_entries(getattr(node, "workeroutput", {}).get("opt_report_entries", []))

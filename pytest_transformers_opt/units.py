@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 from .errors import OptConfigError
 
@@ -41,14 +41,14 @@ def shown(value: object, limit: int = 60) -> str:
     return clip(text, limit)
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _to_float(value: object) -> float:
+def _to_float(value: int | float) -> float:
     """A float from an int or float; an int too large for a float becomes infinity (then rejected)."""
     try:
-        return float(value)  # type: ignore[arg-type]
+        return float(value)
     except OverflowError:
         return math.inf
 
@@ -173,6 +173,20 @@ def format_duration(seconds: float | None) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.1f} ms"
     return f"{seconds * 1e6:.0f} us"
+
+
+def format_ratio(value: object) -> str:
+    """A speedup or memory ratio, ``1.23x``, as the reports, the comparison and the advisor show it. ``-``
+    for a missing figure (or anything not a number), ``NaN`` / ``inf`` as such (a NaN never passes a
+    budget, so it must not look like a gap)."""
+    if not _is_number(value):
+        return "-"
+    number = _to_float(value)
+    if math.isnan(number):
+        return "NaN"
+    if math.isinf(number):
+        return "inf" if number > 0 else "-inf"
+    return f"{number:.2f}x"
 
 
 # ---------------------------------------------------------------- dtypes (torch imported on use)

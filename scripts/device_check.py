@@ -117,10 +117,10 @@ def ensure_model(folder: Path, shape: dict[str, Any], dtype: str, build_device: 
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from pytest_transformers_opt.engine.tiny_models import _train_tokenizer, synthetic_corpus
+    from pytest_transformers_opt.engine.tiny_models import synthetic_corpus, train_tokenizer
 
     started = time.perf_counter()
-    tokenizer = _train_tokenizer(synthetic_corpus(), 512)
+    tokenizer = train_tokenizer(synthetic_corpus(), 512)
     config = Qwen3Config(**shape, **SPECIAL_IDS)
     torch_dtype = getattr(torch, dtype)
     torch.manual_seed(0)

@@ -3,8 +3,9 @@
 from pytest_transformers_opt.techniques import Technique
 
 
-class ShortPrefillChunks(Technique):
-    """Example of a project technique: generation-time option applied to every generate() call."""
+class NoRepeatTrigrams(Technique):
+    """A project technique: the decoding constraint ``no_repeat_ngram_size=3``, passed to every generate() call
+    of a configuration that uses it."""
 
     name = "no_repeat_trigrams"
     family = "generation"
@@ -15,4 +16,4 @@ class ShortPrefillChunks(Technique):
 
 
 def pytest_opt_register_techniques(registry):
-    registry.register(ShortPrefillChunks)
+    registry.register(NoRepeatTrigrams)

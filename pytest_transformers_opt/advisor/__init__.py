@@ -17,10 +17,10 @@ from .from_report import advise_from_report, load_report, validate_report
 from .model_config import ModelShape, load_model_shape
 from .recommend import advise
 from .render import render_json, render_text, validation_test_source, write_test
-from .workload import PROBLEMS, Workload
+from .workload import PROBLEMS, ServingScenario
 
 __all__ = [
-    "PROBLEMS", "UNVERIFIED", "Advice", "Change", "Figure", "ModelShape", "ValidationPlan", "Workload",
+    "PROBLEMS", "UNVERIFIED", "Advice", "Change", "Figure", "ModelShape", "ServingScenario", "ValidationPlan",
     "advise", "advise_from_report", "attention_scratch_bytes", "cache_estimate", "compatibility_questions",
     "count_params", "eager_score_matrix_bytes", "estimate_peak_memory", "flash_attention_capable",
     "kv_cache_bytes", "load_model_shape", "load_report", "parse_technique", "peak_breakdown", "render_json",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..units import format_bytes, format_duration
+from ..units import format_bytes, format_duration, format_ratio
 from .change import Change
 
 UNVERIFIED = "Fit and performance remain unverified: this workload has not been run."
@@ -34,7 +34,7 @@ class Figure:
         if self.unit == "s":
             return format_duration(self.value)
         if self.unit == "x":
-            return f"{self.value:.2f}x"
+            return format_ratio(self.value)
         if self.unit == "tok/s":
             return f"{self.value:.1f} tok/s"
         if self.unit == "count":
@@ -79,7 +79,7 @@ class Advice:
     why: list[str]
     figures: list[Figure]  # estimates, stated and probed figures
     measured: list[Figure] = field(default_factory=list)  # from an earlier run's report
-    documentation: list[str] = field(default_factory=list)
+    documentation: list[str] = field(default_factory=list)  # each "Title <https://...>" (docs.cite)
     tradeoffs: list[str] = field(default_factory=list)
     workload_tradeoffs: list[str] = field(default_factory=list)
     open_questions: list[str] = field(default_factory=list)

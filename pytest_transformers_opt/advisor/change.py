@@ -1,6 +1,6 @@
 """One technique of a configuration, as the advisor proposes it and as reports name it.
 
-The names are the plugin's fixed catalogue names (SPEC.md, Techniques). ``marker_arg`` writes the
+Names and families are the catalogue's (``techniques.catalogue``). ``marker_arg`` writes the
 form a user puts in ``@pytest.mark.optimization(...)``; ``parse_technique`` reads the form the JSON
 report stores (``"quantized_cache(backend='quanto', nbits=4)"``).
 """
@@ -11,11 +11,36 @@ import ast
 from dataclasses import dataclass, field
 from typing import Any
 
-ATTENTION_BACKENDS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
-CACHE_TECHNIQUES = ("static_cache", "offloaded_cache", "offloaded_static_cache", "quantized_cache",
-                    "sliding_window_cache")
-WEIGHT_QUANTIZATION = ("bnb_8bit", "bnb_4bit", "torchao_int8", "quanto_int8", "hqq_4bit")
-LOSSY = {"bnb_8bit", "bnb_4bit", "torchao_int8", "quanto_int8", "hqq_4bit", "quantized_cache"}
+from ..techniques.attention import AttentionBackend, HubKernelAttention
+from ..techniques.base import Technique
+from ..techniques.caches import CacheTechnique
+from ..techniques.catalogue import BUILTIN_TECHNIQUES
+from ..techniques.compilation import Compile
+from ..techniques.layer_kernels import Kernels
+from ..techniques.parallel import TensorParallel
+from ..techniques.quantization import WeightQuantization
+from ..techniques.serving import ContinuousBatching
+
+# The catalogue's families, under the names the advisor's stages use.
+ATTENTION = AttentionBackend.family
+CACHING = CacheTechnique.family
+COMPILATION = Compile.family
+KERNELS = Kernels.family
+QUANTIZATION = WeightQuantization.family
+PARALLELISM = TensorParallel.family
+CONTINUOUS_BATCHING = ContinuousBatching.family
+
+_CATALOGUE: dict[str, type[Technique]] = {technique.name: technique for technique in BUILTIN_TECHNIQUES}
+# What --attention accepts by name; a hub attention kernel is given by its repo id instead.
+ATTENTION_BACKENDS = tuple(technique.name for technique in BUILTIN_TECHNIQUES
+                           if technique.family == ATTENTION and technique is not HubKernelAttention)
+
+
+def technique_class(name: str) -> type[Technique] | None:
+    """The catalogue class of a technique name; a hub kernel id (``org/name``) is a hub attention kernel."""
+    if "/" in name:
+        return HubKernelAttention
+    return _CATALOGUE.get(name)
 
 
 @dataclass(frozen=True)
@@ -29,14 +54,15 @@ class Change:
         return hash((self.name, tuple(sorted(self.params.items()))))
 
     @property
+    def technique(self) -> type[Technique] | None:
+        """The catalogue class of this change (None for a name the catalogue does not know)."""
+        return technique_class(self.name)
+
+    @property
     def family(self) -> str:
-        if self.name in ATTENTION_BACKENDS or "/" in self.name:
-            return "attention"
-        if self.name in CACHE_TECHNIQUES:
-            return "cache"
-        if self.name in WEIGHT_QUANTIZATION:
-            return "weights"
-        return self.name  # compile, kernels, continuous_batching, tensor_parallel: their own family
+        """The catalogue's family; a name the catalogue does not know is its own family."""
+        technique = self.technique
+        return technique.family if technique is not None else self.name
 
     def marker_arg(self) -> str:
         """``"bnb_4bit"`` or ``techniques.quantized_cache(backend="quanto", nbits=4)``."""

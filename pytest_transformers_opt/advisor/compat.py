@@ -6,27 +6,21 @@ question removes it; a fact that rules the technique out becomes a blocker line.
 
 ``hardware`` keys (all optional): device ("cpu"/"cuda"), gpu_name, compute_capability ("9.0"),
 gpu_memory_bytes, bf16_supported, versions (dict: package name -> version or None = not installed).
+What each technique needs (its package, its minimum compute capability) is the catalogue's.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .change import Change, parse_technique
+from ..techniques.attention import FlashAttention2
+from ..techniques.caches import QuantizedCacheTechnique
+from .change import Change, parse_technique, technique_class
 from .model_config import ModelShape
-from .workload import Workload, merge_hardware, parse_compute_capability
-
-FLASH_MIN_CC = {"flash_attention_2": (8, 0), "flash_attention_3": (9, 0)}
-_PACKAGES = {  # technique -> (distribution name, why it is needed)
-    "bnb_8bit": ("bitsandbytes", "bitsandbytes quantizes the weights"),
-    "bnb_4bit": ("bitsandbytes", "bitsandbytes quantizes the weights"),
-    "flash_attention_2": ("flash-attn", "the flash-attn package provides the kernel"),
-    "flash_attention_3": ("flash_attn_3", "the flash_attn_3 package provides the kernel"),
-    "kernels": ("kernels", "the kernels library loads hub kernels"),
-}
+from .workload import ServingScenario, capability_text, merge_hardware, parse_compute_capability
 
 
-def _facts(workload: Workload, hardware: dict[str, Any] | None) -> tuple[str | None, tuple[int, int] | None,
+def _facts(workload: ServingScenario, hardware: dict[str, Any] | None) -> tuple[str | None, tuple[int, int] | None,
                                                                          dict[str, str | None], Any]:
     merged = merge_hardware(workload, hardware)
     device = merged.device or ("cuda" if merged.gpu_memory_bytes or merged.compute_capability else None)
@@ -35,15 +29,17 @@ def _facts(workload: Workload, hardware: dict[str, Any] | None) -> tuple[str | N
     return device, cc, dict(merged.versions), bf16
 
 
-def flash_attention_capable(workload: Workload, hardware: dict[str, Any] | None = None,
-                            name: str = "flash_attention_2") -> bool | None:
+def flash_attention_capable(workload: ServingScenario, hardware: dict[str, Any] | None = None,
+                            name: str = FlashAttention2.name) -> bool | None:
     """True when the GPU is known to be capable, False when known not to be, None when unknown."""
     device, cc, _, _ = _facts(workload, hardware)
     if device == "cpu":
         return False
     if cc is None:
         return None
-    return cc >= FLASH_MIN_CC.get(name, (8, 0))
+    technique = technique_class(name)
+    need = technique.min_capability if technique is not None else None
+    return cc >= (need or FlashAttention2.min_capability)
 
 
 def _package_question(name: str, versions: dict[str, str | None], what: str) -> str | None:
@@ -54,7 +50,7 @@ def _package_question(name: str, versions: dict[str, str | None], what: str) -> 
     return f"Is {name} installed where the model runs ({what})?"
 
 
-def compatibility_questions(workload: Workload, techniques: Iterable[Change | str],
+def compatibility_questions(workload: ServingScenario, techniques: Iterable[Change | str],
                             hardware: dict[str, Any] | None = None,
                             shape: ModelShape | None = None) -> list[str]:
     """Open compatibility questions (and known blockers) for running ``techniques`` on this workload."""
@@ -66,10 +62,11 @@ def compatibility_questions(workload: Workload, techniques: Iterable[Change | st
     for item in techniques:
         change = parse_technique(item) if isinstance(item, str) else item
         name = change.name
-        if name in _PACKAGES and not (name.startswith("bnb_") and versions.get("bitsandbytes") is None
-                                      and "bitsandbytes" not in versions):
-            package, why = _PACKAGES[name]
-            question = _package_question(package, versions, why)
+        technique = change.technique
+        package = technique.package if technique is not None else None
+        # an unknown bitsandbytes install is asked below, together with its CUDA support
+        if package and not (package == "bitsandbytes" and package not in versions):
+            question = _package_question(package, versions, f"needed by {name}")
             if question:
                 out.append(question)
         if name in ("bnb_8bit", "bnb_4bit"):
@@ -82,22 +79,24 @@ def compatibility_questions(workload: Workload, techniques: Iterable[Change | st
                 out.append("Is bitsandbytes installed with CUDA support for this GPU and driver?")
             if name == "bnb_4bit" and bf16 is False:
                 out.append("The GPU lacks bf16: set compute_dtype=\"float16\" for bnb_4bit.")
-        elif name in FLASH_MIN_CC:
-            need = FLASH_MIN_CC[name]
+        elif technique is not None and technique.min_capability is not None:
+            need = technique.min_capability
             if device == "cpu":
-                out.append(f"{name} needs a CUDA GPU of compute capability >= {need[0]}.{need[1]}; found: cpu.")
+                out.append(f"{name} needs a CUDA GPU of compute capability >= {capability_text(need)}; found: cpu.")
             elif cc is None:
-                out.append(f"Is the GPU compute capability >= {need[0]}.{need[1]} (needed by {name})?")
+                out.append(f"Is the GPU compute capability >= {capability_text(need)} (needed by {name})?")
             elif cc < need:
-                out.append(f"{name} needs compute capability >= {need[0]}.{need[1]}; found {cc[0]}.{cc[1]}.")
+                out.append(f"{name} needs compute capability >= {capability_text(need)}; found {capability_text(cc)}.")
             if dtype == "float32":
                 out.append(f"{name} runs in float16 or bfloat16 only; the stated dtype is float32.")
-            out.append(f"Does {model} at {revision} support {name} (the model class's _supports_flash_attn)?")
+            flag = getattr(technique, "model_flag", None)
+            support = f" (the model class's {flag})" if flag else ""
+            out.append(f"Does {model} at {revision} support {name}{support}?")
         elif name in ("sdpa", "flex_attention"):
             out.append(f"Does {model} at {revision} support {name} (attn_implementation=\"{name}\")?")
         elif name == "quantized_cache":
             backend = str(change.params.get("backend", "quanto"))
-            package = "optimum-quanto" if backend == "quanto" else backend
+            _, package = QuantizedCacheTechnique.backends.get(backend, (backend, backend))  # (module, package)
             question = _package_question(package, versions, f"the {backend} backend of the quantized cache")
             if question:
                 out.append(question)

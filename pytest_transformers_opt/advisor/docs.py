@@ -1,46 +1,54 @@
 """What supports each recommendation: documentation, expected tradeoffs, default budgets.
 
-References cite the sections of the Transformers page "Inference optimization overview" (the
-advice protocol this advisor implements) and the APIs and guides that page names.
+Every reference is cited by title and link, both read from the catalogue: the section of the
+Transformers page "Inference optimization overview" (the advice protocol this advisor implements)
+that covers the technique (``overview_section``), then the technique's own page (``docs_title``,
+``docs``). Requirements come from the catalogue too, and default budgets from ``verdict.budgets``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..techniques.base import LOSSLESS, Technique
+from ..techniques.serving import CB_BLOCK_MARGIN
 from ..verdict.budgets import default_similarity as plugin_default_similarity
 from ..verdict.budgets import worst_quality
-from ..techniques.base import LOSSLESS
-from ..techniques.catalogue import BUILTIN_TECHNIQUES
-from ..techniques.serving import CB_BLOCK_MARGIN
-from .change import Change, find
+from .change import Change
 
 OVERVIEW = "Transformers docs: Inference optimization overview"
-PROTOCOL = f"{OVERVIEW} (how to choose an optimization: find the stage, one change at a time)"
-HARDWARE = "Transformers docs: Hardware guides (check which techniques your hardware supports)"
+OVERVIEW_URL = Technique.docs  # a technique without a page of its own points at the overview
 
-_DOCS: dict[str, list[str]] = {
-    "weights": [f"{OVERVIEW} > Quantization",
-                "Transformers docs: Quantization > bitsandbytes "
-                "(BitsAndBytesConfig, quantization_config in from_pretrained())"],
-    "cache": [f"{OVERVIEW} > Caching",
-              "Transformers docs: Caching / KV cache strategies (cache_implementation in generate())"],
-    "attention": [f"{OVERVIEW} > Attention backends",
-                  "Transformers docs: Attention backends (attn_implementation in from_pretrained())"],
-    "kernels": [f"{OVERVIEW} > Kernels", "Kernels library (use_kernels=True, hub kernels)"],
-    "compile": [f"{OVERVIEW} > Compilation",
-                "Transformers docs: torch.compile (a static cache in generate() triggers compilation)"],
-    "continuous_batching": [f"{OVERVIEW} > Continuous batching",
-                            "Transformers docs: Continuous batching (generate_batch(), ContinuousBatchingConfig)"],
-    "tensor_parallel": [f"{OVERVIEW} > Parallelism",
-                        "Transformers docs: Tensor parallelism (DistributedConfig(tp_size=N), launched with torchrun)"],
-}
+
+def cite(title: str, url: str) -> str:
+    """One reference as the user reads it: ``Title <https://...>``."""
+    return f"{title} <{url}>"
+
+
+def overview_section_url(section: str) -> str:
+    """The overview page's anchor for ``section`` (``"Continuous batching"`` -> ``#continuous-batching``)."""
+    return f"{OVERVIEW_URL}#{section.lower().replace(' ', '-')}"
+
+
+PROTOCOL = cite(f"{OVERVIEW} (how to choose an optimization: find the stage, one change at a time)", OVERVIEW_URL)
+HARDWARE = cite("Transformers docs: Hardware guides, linked from the overview's introduction (check which "
+                "techniques your hardware supports)", OVERVIEW_URL)
 
 
 def documentation_for(change: Change | None) -> list[str]:
     """The documentation that supports ``change``, then the protocol and the hardware guides."""
-    refs = list(_DOCS.get(change.family, [OVERVIEW])) if change else []
-    return refs + [PROTOCOL, HARDWARE]
+    if change is None:
+        return [PROTOCOL, HARDWARE]
+    technique = change.technique
+    if technique is None:  # a name the catalogue does not know: the overview only
+        return [cite(OVERVIEW, OVERVIEW_URL), PROTOCOL, HARDWARE]
+    refs = []
+    if technique.overview_section:
+        refs.append(cite(f"{OVERVIEW} > {technique.overview_section}",
+                         overview_section_url(technique.overview_section)))
+    if technique.docs != OVERVIEW_URL:
+        refs.append(cite(f"Transformers docs: {technique.docs_title or technique.name}", technique.docs))
+    return (refs or [cite(OVERVIEW, OVERVIEW_URL)]) + [PROTOCOL, HARDWARE]
 
 
 _TRADEOFFS: dict[str, list[str]] = {
@@ -61,7 +69,6 @@ _TRADEOFFS: dict[str, list[str]] = {
         "({defaults}).",
         "Speed: every decoding step quantizes and dequantizes the cache, so it is slower than "
         "a full-precision cache.",
-        "Needs the quantization backend package (optimum-quanto for backend=\"quanto\").",
         "KV-cache quantization is separate from weight quantization: the weights stay as they are.",
     ],
     "offloaded_cache": [
@@ -84,11 +91,8 @@ _TRADEOFFS: dict[str, list[str]] = {
         "Memory: no input x input score matrix; speed: usually faster than eager.",
         "With padded batches some devices fall back to a kernel that materializes the scores.",
     ],
-    "flash_attention_2": [
-        "Output: lossless up to floating-point differences; needs fp16 or bf16.",
-        "Needs the flash-attn package and a GPU of compute capability >= 8.0.",
-    ],
-    "flash_attention_3": ["Output: lossless up to floating-point differences; needs a Hopper GPU (>= 9.0)."],
+    "flash_attention_2": ["Output: lossless up to floating-point differences."],
+    "flash_attention_3": ["Output: lossless up to floating-point differences."],
     "compile": [
         "Warm-up: the first call compiles (seconds to minutes; reported as compile_time_s).",
         "Memory: the static cache is allocated for input + max_new_tokens up front.",
@@ -101,31 +105,34 @@ _TRADEOFFS: dict[str, list[str]] = {
         "Code change: requests go through generate_batch() instead of generate().",
     ],
     "tensor_parallel": [
-        "Needs N GPUs and a launch with torchrun; communication between them costs time.",
+        "Speed: communication between the GPUs costs time at every layer.",
         "Total memory across GPUs rises (sharding overhead), while each GPU holds 1/N of the weights.",
     ],
-    "kernels": ["Output: lossless up to floating-point differences; needs the kernels library and Hub access "
-                "(or a local kernel cache)."],
+    "kernels": ["Output: lossless up to floating-point differences."],
 }
 
 
 def tradeoffs_for(change: Change | None) -> list[str]:
+    """What ``change`` costs, then what it needs (the catalogue's requirement)."""
     if change is None:
         return []
     defaults = ", ".join(f"{name}={limit:g}" for name, limit in default_similarity([change], "bfloat16").items())
     lines = _TRADEOFFS.get(change.name, [f"{change.name}: measure quality, memory and speed."])
-    return [line.replace("{defaults}", f"default budgets {defaults}") for line in lines]
+    lines = [line.replace("{defaults}", f"default budgets {defaults}") for line in lines]
+    technique = change.technique
+    if technique is not None and technique.requirement != Technique.requirement:
+        lines.append(f"Needs {technique.requirement}.")
+    return lines
 
 
-# Budgets read from per-step distributions (similarity.kl_mean / top1): continuous batching returns tokens
-# only, so a test of it that asks for one of these fails "not measured in this run".
+# Budgets read from per-step distributions (similarity.kl_mean / top1): a technique that compares tokens only
+# (continuous batching) cannot meet one of these: its test fails "not measured in this run".
 DISTRIBUTION_BUDGETS = ("max_kl", "min_top1")
-_TECHNIQUES = {technique.name: technique for technique in BUILTIN_TECHNIQUES}
 
 
 def _quality(change: Change) -> str:
     """The catalogue's similarity class of ``change``, with its parameters (a quantized cache's nbits)."""
-    technique = _TECHNIQUES.get(change.name)
+    technique = change.technique
     if technique is None:
         return LOSSLESS
     try:
@@ -135,8 +142,9 @@ def _quality(change: Change) -> str:
 
 
 def measures_distributions(stack: list[Change]) -> bool:
-    """Whether the plugin compares next-token distributions for ``stack`` (as its session's plan decides)."""
-    return find(stack, "continuous_batching") is None
+    """Whether the plugin compares next-token distributions for ``stack`` (as its test plan decides, from the
+    catalogue's ``compares_tokens_only``)."""
+    return not any(change.technique is not None and change.technique.compares_tokens_only for change in stack)
 
 
 def measurable(stack: list[Change], budgets: dict[str, Any]) -> dict[str, Any]:

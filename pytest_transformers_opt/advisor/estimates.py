@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from ..errors import OptConfigError
-from .change import Change, find, parse_technique
+from .change import (ATTENTION, CACHING, COMPILATION, CONTINUOUS_BATCHING, PARALLELISM, QUANTIZATION, Change, find,
+                     parse_technique)
 from .model_config import ModelShape, load_model_shape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -257,16 +258,16 @@ def peak_breakdown(shape: ModelShape, dtype: str, techniques: Iterable[Change | 
     """Estimated peak of one ``generate`` call, per device; see ``estimate_peak_memory``."""
     stack = _stack(techniques)
     dtype = normalize_dtype(dtype)
-    tp = find(stack, "tensor_parallel")
+    tp = find(stack, PARALLELISM)
     tp_size = int(tp.params.get("tp_size", 1)) if tp else 1
-    quant = find(stack, "weights")
+    quant = find(stack, QUANTIZATION)
     weights = weight_bytes(shape, dtype, quant.name if quant and quant.name in ("bnb_8bit", "bnb_4bit") else None)
-    cache_change = find(stack, "cache") or find(stack, "compile") or find(stack, "continuous_batching")
+    cache_change = find(stack, CACHING) or find(stack, COMPILATION) or find(stack, CONTINUOUS_BATCHING)
     tokens = input_tokens + max_new_tokens
     cache = cache_estimate(shape, cache_change, tokens, batch_size, dtype)
-    backend_change = find(stack, "attention")
+    backend_change = find(stack, ATTENTION)
     backend = backend_change.name if backend_change else (attention or shape.attn_implementation or "eager")
-    cb = find(stack, "continuous_batching")
+    cb = find(stack, CONTINUOUS_BATCHING)
     # Continuous batching prefills in chunks of at most max_batch_tokens positions.
     prefill_tokens = batch_size * input_tokens
     if cb and cb.params.get("max_batch_tokens"):
@@ -358,16 +359,16 @@ def stage_estimates(shape: ModelShape, dtype: str, techniques: Iterable[Change |
     """
     stack = _stack(techniques)
     dtype = normalize_dtype(dtype)
-    tp = find(stack, "tensor_parallel")
+    tp = find(stack, PARALLELISM)
     tp_size = int(tp.params.get("tp_size", 1)) if tp else 1
-    quant = find(stack, "weights")
+    quant = find(stack, QUANTIZATION)
     quant_name = quant.name if quant and quant.name in ("bnb_8bit", "bnb_4bit") else None
-    backend_change = find(stack, "attention")
+    backend_change = find(stack, ATTENTION)
     backend = backend_change.name if backend_change else (attention or shape.attn_implementation or "eager")
     if "/" in backend or backend == "kernels":
         backend = "flash_attention_2"  # hub attention kernels tile like flash attention
-    cache_change = find(stack, "cache") or find(stack, "compile") or find(stack, "continuous_batching")
-    cb = find(stack, "continuous_batching")
+    cache_change = find(stack, CACHING) or find(stack, COMPILATION) or find(stack, CONTINUOUS_BATCHING)
+    cb = find(stack, CONTINUOUS_BATCHING)
     reserve = RUNTIME_RESERVE_BYTES.get(device, 0) if reserve_bytes is None else reserve_bytes
 
     base = (

@@ -14,23 +14,23 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OptConfigError
-from ..files import read_json
+from ..report.schema import load_report as load_report_file, reader_problem
+from ..techniques.attention import FlashAttention2
 from ..units import failure_reason
+from ..verdict.budgets import SIMILARITY_BUDGETS, SPEED_BUDGETS
 from .advice import Advice, Figure
-from .change import Change, find, parse_technique, replace_family
+from .change import (ATTENTION, CACHING, COMPILATION, CONTINUOUS_BATCHING, QUANTIZATION, Change, find,
+                     parse_technique, replace_family)
 from .compat import compatibility_questions, flash_attention_capable
 from .docs import default_similarity, documentation_for, measurable, tradeoffs_for
 from .estimates import normalize_dtype, weight_bytes
 from .model_config import ModelShape, is_builtin_model, load_model_shape
 from .recommend import (apply_change, budgets_for, max_batch_tokens_for, recommend, size_literal, title_for,
                         validation_plan)
-from .workload import Workload, resolve
+from .workload import ServingScenario, capability_text, resolve
 
-REPORT_SCHEMA = "pytest-transformers-opt/report"
-REPORT_VERSION = 1
+FROM_REPORT_REMEDY = "accepted: a report written by pytest --opt-report-json=PATH"
 MEMORY_BUDGETS = ("max_memory", "max_memory_ratio")
-SIMILARITY_BUDGETS = ("max_kl", "min_top1", "min_token_match")
-SPEED_BUDGETS = ("max_ttft", "max_tpot", "max_latency", "min_throughput", "min_speedup")
 _OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cannot allocate memory", re.I)
 _METRICS = (("peak_memory_bytes", "peak memory", "bytes"), ("latency_s", "latency (median)", "s"),
             ("ttft_s", "time to first token", "s"), ("tpot_s", "time per output token", "s"),
@@ -44,26 +44,19 @@ _BUDGET_UNITS = {"max_memory": "bytes", "max_ttft": "s", "max_tpot": "s", "max_l
 
 def validate_report(report: Any, what: str = "--from-report") -> dict[str, Any]:
     """The report itself, or ``OptConfigError`` saying why it is not a schema-1 plugin report."""
-    if not isinstance(report, dict) or report.get("schema") != REPORT_SCHEMA:
-        raise OptConfigError(f"{what}: not a pytest-transformers-opt report (expected \"schema\": "
-                             f"\"{REPORT_SCHEMA}\"; write one with pytest --opt-report-json=PATH)")
-    if report.get("schema_version") != REPORT_VERSION:
-        raise OptConfigError(f"{what}: report schema_version {report.get('schema_version')!r} is not supported; "
-                             f"accepted: {REPORT_VERSION}")
-    tests = report.get("tests")
-    if not isinstance(tests, list) or not all(isinstance(t, dict) for t in tests):
-        raise OptConfigError(f"{what}: the report's \"tests\" must be a list of test records")
-    if not isinstance(report.get("environment", {}), dict):
-        raise OptConfigError(f"{what}: the report's \"environment\" must be an object")
-    return report
+    problem = reader_problem(report)
+    if problem is not None:
+        raise OptConfigError(f"{what}: {problem}; {FROM_REPORT_REMEDY}")
+    checked: dict[str, Any] = report
+    return checked
 
 
 def load_report(path: str | Path, what: str = "--from-report") -> dict[str, Any]:
-    """Read and validate a JSON report; every problem is an ``OptConfigError`` naming ``what``."""
-    # the guarded reader: a FIFO, a huge file, deep nesting or a 5000-digit number is one clear error
-    report = read_json(Path(path).expanduser(), what="the report", source=what,
-                       remedy="accepted: a report written by pytest --opt-report-json=PATH")
-    return validate_report(report, what)
+    """Read and check a JSON report (``report.schema.load_report``); every problem names ``what``.
+
+    Only what the advisor reads is checked (``full_schema=False``): a trimmed or hand-written report
+    with a test record is enough to advise from."""
+    return load_report_file(Path(path).expanduser(), source=what, remedy=FROM_REPORT_REMEDY, full_schema=False)
 
 
 def hardware_from_environment(environment: dict[str, Any]) -> dict[str, Any]:
@@ -142,8 +135,8 @@ def _pick_test(tests: list[dict[str, Any]], model: str | None) -> tuple[dict[str
         def progress(test: dict[str, Any]) -> tuple[int, float, float]:
             speedup, ratio = test.get("speedup"), test.get("memory_ratio")
             families = {parse_technique(str(t)).family for t in test.get("techniques") or []}
-            if "compile" in families:
-                families.add("cache")  # compile brings its static cache with it
+            if COMPILATION in families:
+                families.add(CACHING)  # compile brings its static cache with it
             return (len(families),
                     speedup if isinstance(speedup, (int, float)) else 0.0,
                     -ratio if isinstance(ratio, (int, float)) else float("-inf"))
@@ -161,7 +154,7 @@ _CACHE_NEXT = {"static_cache": Change("offloaded_static_cache"),
 
 def _next_memory(stack: list[Change], shape: ModelShape | None, dtype: str,
                  peak: float | None) -> tuple[Change, str]:
-    weights, cache = find(stack, "weights"), find(stack, "cache")
+    weights, cache = find(stack, QUANTIZATION), find(stack, CACHING)
     weights_share = None
     if shape is not None and peak:
         quant = weights.name if weights and weights.name in ("bnb_8bit", "bnb_4bit") else None
@@ -172,7 +165,7 @@ def _next_memory(stack: list[Change], shape: ModelShape | None, dtype: str,
         return Change("bnb_4bit"), f"8-bit weights still exceed the memory budget{share}: 4-bit halves them again."
     if cache is not None and cache.name in _CACHE_NEXT:
         return _CACHE_NEXT[cache.name], f"{cache.label()} still exceeds the memory budget: the next cache step."
-    if find(stack, "compile") and cache is None:
+    if find(stack, COMPILATION) and cache is None:
         return Change("offloaded_static_cache"), ("compile's static cache is allocated at full length: offloading "
                                                   "it keeps the static shape but moves it to CPU RAM.")
     if weights is None and weights_dominate:
@@ -199,16 +192,16 @@ def _next_quality(stack: list[Change]) -> tuple[Change | None, str, list[Change]
     if "bnb_8bit" in names:
         tp = Change("tensor_parallel", {"tp_size": 2})
         return tp, ("8-bit weights missed the similarity budget: keep full-precision weights and split them over "
-                    "2 GPUs instead."), [c for c in stack if c.family != "weights"] + [tp]
+                    "2 GPUs instead."), [c for c in stack if c.family != QUANTIZATION] + [tp]
     strict = ", ".join(f"{name}={limit:g}" for name, limit in default_similarity(stack, "float32").items())
     return None, (f"A lossless technique missed its similarity budget: rerun in float32 (budgets {strict}) to tell "
                   f"numerical noise from a bug; no new technique is proposed."), stack
 
 
-def _next_speed(stack: list[Change], workload: Workload, hardware: dict[str, Any] | None,
+def _next_speed(stack: list[Change], workload: ServingScenario, hardware: dict[str, Any] | None,
                 concurrency: int, input_tokens: int) -> tuple[Change | None, str]:
     names = {change.name for change in stack}
-    attention = find(stack, "attention")
+    attention = find(stack, ATTENTION)
     if concurrency > 1 and "continuous_batching" not in names:
         return (Change("continuous_batching", {"max_batch_tokens": max_batch_tokens_for(input_tokens)}),
                 f"{concurrency} concurrent requests: continuous batching raises throughput.")
@@ -217,7 +210,8 @@ def _next_speed(stack: list[Change], workload: Workload, hardware: dict[str, Any
     if "compile" not in names and "continuous_batching" not in names:
         return Change("compile"), "Next speed step: a static cache with torch.compile."
     if flash_attention_capable(workload, hardware) and attention.name != "flash_attention_2":
-        return Change("flash_attention_2"), "The GPU supports FlashAttention-2 (compute capability >= 8.0)."
+        return Change(FlashAttention2.name), (f"The GPU supports FlashAttention-2 (compute capability >= "
+                                              f"{capability_text(FlashAttention2.min_capability)}).")
     if "kernels" not in names:
         return Change("kernels"), "Next speed step: optimized hub kernels."
     return None, "Every speed technique in the catalogue was tried."
@@ -225,7 +219,7 @@ def _next_speed(stack: list[Change], workload: Workload, hardware: dict[str, Any
 
 # ---------------------------------------------------------------- entry point
 
-def advise_from_report(report: dict[str, Any], workload: Workload | None = None, *,
+def advise_from_report(report: dict[str, Any], workload: ServingScenario | None = None, *,
                        hardware: dict[str, Any] | None = None, config: Any = None,
                        source: str | None = None) -> Advice:
     """The next recommendation after the run recorded in ``report`` (a schema-1 JSON report).
@@ -242,11 +236,11 @@ def advise_from_report(report: dict[str, Any], workload: Workload | None = None,
         raise OptConfigError("--from-report: the report holds no test records (did any test use opt_bench?)")
     model_info = test.get("model") or {}
     run = test.get("workload") or {}
-    stated = workload or Workload()
+    stated = workload or ServingScenario()
     memory_limit = _budget_limit(test, "max_memory")
     on_cpu = (stated.device or hardware.get("device")) == "cpu"
     limit_bytes = int(memory_limit) if memory_limit else None
-    derived = Workload(
+    derived = ServingScenario(
         model=stated.model or model_info.get("name_or_path"),
         revision=stated.revision or model_info.get("revision"),
         dtype=stated.dtype or _known_dtype(model_info.get("dtype")),
@@ -292,7 +286,7 @@ def advise_from_report(report: dict[str, Any], workload: Workload | None = None,
     return advice
 
 
-def _decide(test: dict[str, Any], stack: list[Change], shape: ModelShape | None, derived: Workload,
+def _decide(test: dict[str, Any], stack: list[Change], shape: ModelShape | None, derived: ServingScenario,
             hardware: dict[str, Any], dtype: str, where: str,
             headline: str) -> tuple[Change | None, list[Change], str | None, str, str]:
     """What the measurements say to do next: (change, new stack, stage, why, headline)."""
@@ -307,7 +301,7 @@ def _decide(test: dict[str, Any], stack: list[Change], shape: ModelShape | None,
     if outcome == "skipped":
         reason = test.get("skip_reason") or "no reason recorded"
         headline += f" ({reason})"
-        attention = find(stack, "attention")
+        attention = find(stack, ATTENTION)
         if attention is not None and attention.name.startswith("flash_attention"):
             change = Change("sdpa")
             why = "FlashAttention could not run on that machine: sdpa runs almost everywhere."
@@ -335,12 +329,12 @@ def _decide(test: dict[str, Any], stack: list[Change], shape: ModelShape | None,
         why = f"The run failed on {detail}; no technique change follows from that."
     else:
         headline += "; every budget met"
-        if concurrency > 1 and not find(stack, "continuous_batching"):
+        if concurrency > 1 and not find(stack, CONTINUOUS_BATCHING):
             tokens = max_batch_tokens_for(derived.input_tokens or 512)
             change = Change("continuous_batching", {"max_batch_tokens": tokens})
             why = f"It passed; with {concurrency} concurrent requests continuous batching is the next step."
             stage = "concurrency"
-        elif derived.problem == "speed" and not find(stack, "compile") and not find(stack, "continuous_batching"):
+        elif derived.problem == "speed" and not find(stack, COMPILATION) and not find(stack, CONTINUOUS_BATCHING):
             change, why, stage = Change("compile"), "It passed; the next speed step is compile.", "speed"
         else:
             why = (f"No further change needed: {config_text} met every budget on {where} (measured) for a "
@@ -355,7 +349,7 @@ def _known_dtype(value: Any) -> str | None:
         return None
 
 
-def _try_shape(config: Any, workload: Workload, notes: list[str]) -> ModelShape | None:
+def _try_shape(config: Any, workload: ServingScenario, notes: list[str]) -> ModelShape | None:
     source = config if config is not None else workload.model
     if source is None:
         notes.append("the report names no model: no estimates")
@@ -368,7 +362,7 @@ def _try_shape(config: Any, workload: Workload, notes: list[str]) -> ModelShape 
 
 
 def _build(change: Change | None, stack: list[Change], stage: str | None, shape: ModelShape | None,
-           workload: Workload, hardware: dict[str, Any], baseline: list[Change], test: dict[str, Any],
+           workload: ServingScenario, hardware: dict[str, Any], baseline: list[Change], test: dict[str, Any],
            previous: list[Change], dtype: str) -> Advice:
     """The Advice for ``stack``: with estimates when the config was read, from measurements alone otherwise."""
     resolved = resolve(workload, shape, hardware)

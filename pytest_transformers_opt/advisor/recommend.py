@@ -19,12 +19,12 @@ from typing import Any, Callable
 from ..errors import OptConfigError
 from ..units import format_bytes
 from .advice import Advice, Figure, ValidationPlan
-from .change import Change, find, replace_family
+from .change import ATTENTION, CACHING, COMPILATION, CONTINUOUS_BATCHING, Change, find, replace_family
 from .compat import compatibility_questions, flash_attention_capable
 from .docs import default_similarity, documentation_for, tradeoffs_for
 from .estimates import STAGES, StageEstimate, count_params, reserve_what, stage_estimates, weight_bytes
 from .model_config import ModelShape, is_builtin_model, load_model_shape
-from .workload import MEMORY_STAGES, Resolved, Workload, describe_limit, resolve
+from .workload import MEMORY_STAGES, Resolved, ServingScenario, describe_limit, resolve
 
 TINY_MAX_NEW_TOKENS = 16  # keeps the written test to seconds on CPU for built-in models
 TINY_MAX_INPUT_TOKENS = 64
@@ -102,7 +102,7 @@ def _for_load(ctx: Context) -> Change:
 
 def _cache_candidates(ctx: Context) -> list[Change]:
     tokens = ctx.resolved.input_tokens + ctx.resolved.max_new_tokens
-    if find(ctx.current, "compile"):  # compile needs a static cache: only its offloaded form stacks
+    if find(ctx.current, COMPILATION):  # compile needs a static cache: only its offloaded form stacks
         return [Change("offloaded_static_cache")]
     out = []
     if ctx.shape.sliding_window and tokens > ctx.shape.sliding_window:
@@ -130,7 +130,7 @@ def _for_generation(ctx: Context) -> Change:
 
 
 def _for_long_input(ctx: Context) -> Change:
-    backend = find(ctx.current, "attention")
+    backend = find(ctx.current, ATTENTION)
     name = backend.name if backend else ctx.resolved.attention
     capable = flash_attention_capable(ctx.resolved.workload, ctx.hardware)
     flash_ok = bool(capable) and ctx.resolved.dtype != "float32"
@@ -196,8 +196,8 @@ def apply_change(stack: list[Change], change: Change) -> list[Change]:
     """``stack`` with ``change``: it replaces its own family. Continuous batching runs its own paged
     cache, so it excludes compile and every cache technique (and they exclude it); compile needs a
     static cache, so a dynamic quantized or offloaded cache replaces it."""
-    exclusive = {"continuous_batching": ("compile", "cache"), "compile": ("continuous_batching",),
-                 "cache": ("continuous_batching",)}
+    exclusive = {CONTINUOUS_BATCHING: (COMPILATION, CACHING), COMPILATION: (CONTINUOUS_BATCHING,),
+                 CACHING: (CONTINUOUS_BATCHING,)}
     drop = exclusive.get(change.family, ())
     if change.name in ("quantized_cache", "offloaded_cache"):
         drop += ("compile",)
@@ -216,7 +216,7 @@ def choose_stage(ctx: Context) -> tuple[str, list[str]]:
     problem = ctx.resolved.workload.problem
     broken = ctx.first_break(ctx.current)
     order = {stage: i for i, stage in enumerate(STAGES)}
-    if broken and problem in MEMORY_STAGES and order[problem] < order[broken.stage]:  # type: ignore[index]
+    if broken and problem in MEMORY_STAGES and order[problem] < order[broken.stage]:
         return str(problem), [f"You reported the problem at {problem}; the estimates break later, at "
                               f"{broken.stage}, so the reported stage comes first."]
     if broken:
@@ -229,7 +229,7 @@ def choose_stage(ctx: Context) -> tuple[str, list[str]]:
         basis = ("the estimates fit, but they can miss fragmentation or other processes on the device; "
                  "what you observed takes precedence over the estimate"
                  if ctx.limit is not None else "memory was not stated, so the reported stage is used")
-        return problem, [f"Stage: {problem}, as reported; {basis}."]  # type: ignore[list-item]
+        return problem, [f"Stage: {problem}, as reported; {basis}."]
     if ctx.limit is not None:
         peak = max(ctx.stages(ctx.current), key=lambda stage: stage.total)
         return "speed", [f"No stage breaks: the peak, {needs_text(peak)}, fits {describe_limit(ctx.resolved)}."]
@@ -339,7 +339,7 @@ def validation_plan(shape: ModelShape | None, resolved: Resolved, stack: list[Ch
         max_new, batch = min(max_new, TINY_MAX_NEW_TOKENS), min(batch, 2)
         notes.append(f"built-in tiny model: lengths capped ({input_tokens} input, {max_new} new tokens) so it "
                      f"runs in seconds on CPU")
-    cb = find(stack, "continuous_batching")
+    cb = find(stack, CONTINUOUS_BATCHING)
     prompts = min(MAX_TEST_PROMPTS, batch * (resolved.concurrency if cb else 1))
     return ValidationPlan(model=path, revision=resolved.workload.revision, dtype=resolved.dtype,
                           input_tokens=input_tokens, max_new_tokens=max_new, batch_size=batch,
@@ -348,7 +348,7 @@ def validation_plan(shape: ModelShape | None, resolved: Resolved, stack: list[Ch
 
 # ---------------------------------------------------------------- entry points
 
-def advise(workload: Workload, config: Any = None, hardware: dict[str, Any] | None = None) -> Advice:
+def advise(workload: ServingScenario, config: Any = None, hardware: dict[str, Any] | None = None) -> Advice:
     """One recommendation for ``workload``; ``config`` overrides ``workload.model`` as the config source.
 
     ``hardware``: probed facts (device, gpu_name, compute_capability, gpu_memory_bytes,
@@ -374,6 +374,7 @@ def recommend(shape: ModelShape, resolved: Resolved, hardware: dict[str, Any] | 
     if baseline is None:
         baseline = [] if resolved.attention == "eager" else [Change(resolved.attention)]
     ctx = Context(shape, resolved, hardware, current)
+    why: list[str]
     if stage_hint is not None:
         stage, why = stage_hint, []
     else:

@@ -1,8 +1,9 @@
-"""The workload the advice is for, and the assumptions made where the user left details out.
+"""The scenario the advice is for, and the assumptions made where the user left details out.
 
-A ``Workload`` holds what was stated (``None`` = not given). ``resolve`` fills the gaps from the
-probed hardware and the model config, or with a stated assumption plus the question that would
-settle it: the protocol asks for those details and says what was assumed.
+A ``ServingScenario`` (the model, its hardware and the workload served on it) holds what was stated
+(``None`` = not given). ``resolve`` fills the gaps from the probed hardware and the model config, or
+with a stated assumption plus the question that would settle it: the protocol asks for those details
+and says what was assumed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import OptConfigError
+from ..techniques.attention import FlashAttention2
 from ..units import format_bytes, parse_non_negative_int, parse_size
 from .estimates import normalize_dtype
 from .model_config import ModelShape
@@ -25,14 +27,16 @@ PROBLEMS = {  # --problem: where memory or speed breaks, and what the protocol i
 }
 MEMORY_STAGES = ("load", "long-input", "long-generation", "concurrency")
 DEVICES = ("cuda", "cpu")
-DEFAULT_INPUT_TOKENS = 512
-DEFAULT_MAX_NEW_TOKENS = 256
+# What the advisor assumes for a figure the user left out (not what opt_bench runs by default).
+ASSUMED_INPUT_TOKENS = 512
+ASSUMED_MAX_NEW_TOKENS = 256
 ASSUMED_CONCURRENCY_FOR_PROBLEM = 8
 
 
 @dataclass(frozen=True)
-class Workload:
-    """What the user stated; ``None`` where a detail was not given."""
+class ServingScenario:
+    """What the user stated about the model, its hardware and its workload; ``None`` where a detail was not
+    given. (``verdict.results.Workload`` is another thing: the prompts and lengths one ``opt_bench`` ran.)"""
 
     model: str | None = None
     revision: str | None = None
@@ -76,6 +80,11 @@ def parse_compute_capability(value: object, what: str = "--compute-capability") 
     raise OptConfigError(f"{what}: {value!r} is not a compute capability; accepted: MAJOR.MINOR such as 8.0 or 9.0")
 
 
+def capability_text(capability: tuple[int, int]) -> str:
+    """``"8.0"`` from ``(8, 0)``."""
+    return f"{capability[0]}.{capability[1]}"
+
+
 @dataclass(frozen=True)
 class Assumption:
     """A detail that was missing: the question that would settle it and what was assumed meanwhile."""
@@ -92,7 +101,7 @@ class Assumption:
 class Resolved:
     """A workload with every figure the estimates need, and the assumptions that filled the gaps."""
 
-    workload: Workload
+    workload: ServingScenario
     device: str
     memory_limit_bytes: int | None  # VRAM on cuda, RAM on cpu; None: fit cannot be checked
     memory_limit_source: str  # "stated" or "probed"
@@ -114,7 +123,7 @@ def _installed(name: str) -> str | None:
         return None
 
 
-def merge_hardware(workload: Workload, hardware: dict[str, Any] | None) -> Workload:
+def merge_hardware(workload: ServingScenario, hardware: dict[str, Any] | None) -> ServingScenario:
     """Fill what the user did not state from probed hardware facts (stated values win)."""
     if not hardware:
         return workload
@@ -132,7 +141,7 @@ def merge_hardware(workload: Workload, hardware: dict[str, Any] | None) -> Workl
     return replace(workload, versions=versions, **changes)
 
 
-def resolve(workload: Workload, shape: ModelShape | None, hardware: dict[str, Any] | None = None) -> Resolved:
+def resolve(workload: ServingScenario, shape: ModelShape | None, hardware: dict[str, Any] | None = None) -> Resolved:
     """Fill the gaps of ``workload``; every gap that was filled becomes an ``Assumption``."""
     stated = workload
     workload = merge_hardware(workload, hardware)
@@ -188,9 +197,9 @@ def resolve(workload: Workload, shape: ModelShape | None, hardware: dict[str, An
         return default
 
     input_tokens = figure(workload.input_tokens, "How long are the inputs, in tokens (--input-tokens)?",
-                          DEFAULT_INPUT_TOKENS, "{} input tokens")
+                          ASSUMED_INPUT_TOKENS, "{} input tokens")
     max_new = figure(workload.max_new_tokens, "How many tokens may a generation produce (--max-new-tokens)?",
-                     DEFAULT_MAX_NEW_TOKENS, "{} new tokens")
+                     ASSUMED_MAX_NEW_TOKENS, "{} new tokens")
     batch = figure(workload.batch_size, "How many sequences per generate call (--batch-size)?", 1, "batch size {}")
     if workload.concurrency is None and workload.problem == "concurrency":
         concurrency = figure(None, "How many requests are served concurrently (--concurrency)?",
@@ -207,7 +216,8 @@ def resolve(workload: Workload, shape: ModelShape | None, hardware: dict[str, An
     if device == "cuda" and cc is None:
         notes.append(Assumption("Which GPU is it, and what is its compute capability (--gpu-name, "
                                 "--compute-capability)?", "unknown, so backends that need a recent GPU "
-                                "(flash_attention_2: compute capability >= 8.0) are not proposed"))
+                                f"({FlashAttention2.name}: compute capability >= "
+                                f"{capability_text(FlashAttention2.min_capability)}) are not proposed"))
     if shape is not None and workload.revision is None and not shape.is_builtin_tiny:
         notes.append(Assumption("Which model revision do you deploy (--revision)?",
                                 "the revision whose config was read", matters=False))

@@ -1,1 +1,1 @@
-"""The engine: loading models, generating, measuring, the bench, tensor parallelism."""
+"""The engine: the hardware probe, loading models, generating, measuring, tensor parallelism, the built-in models."""

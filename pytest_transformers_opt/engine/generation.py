@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
+from ..compat import continuous_batching_manager
 from .measure import RoundTiming, now
 from .progress import long_work
 from ..techniques import RunEvidence
@@ -121,74 +122,25 @@ def _batches(items: list[Any], size: int) -> Iterator[list[Any]]:
 
 
 @contextlib.contextmanager
-def _spy_attention(model: Any, evidence: RunEvidence) -> Iterator[None]:
-    """Count calls of every registered attention function and of the attention modules."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    counts: dict[str, int] = {}
-    originals = dict(ALL_ATTENTION_FUNCTIONS._local_mapping)
-    for key in list(ALL_ATTENTION_FUNCTIONS):
-        function = ALL_ATTENTION_FUNCTIONS[key]
-        counts[key] = 0
-
-        def counting(*args: Any, __key: str = key, __fn: Any = function, **kwargs: Any) -> Any:
-            counts[__key] += 1
-            return __fn(*args, **kwargs)
-
-        ALL_ATTENTION_FUNCTIONS._local_mapping[key] = counting
-    module_calls = [0]
-
-    def hook(*_: Any) -> None:
-        module_calls[0] += 1
-
-    handles = [m.register_forward_hook(hook) for m in model.modules() if type(m).__name__.endswith("Attention")]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-        ALL_ATTENTION_FUNCTIONS._local_mapping.clear()
-        ALL_ATTENTION_FUNCTIONS._local_mapping.update(originals)
-        evidence.attention_backend_calls = counts
-        evidence.attention_module_calls = module_calls[0]
-
-
-@contextlib.contextmanager
-def _technique_contexts(opt: "OptModel") -> Iterator[None]:
-    """Enter every technique's ``around_generate`` context (backend flags, hooks, profilers)."""
+def _technique_contexts(opt: "OptModel", evidence: RunEvidence | None = None) -> Iterator[None]:
+    """Enter every technique's ``observe`` context when ``evidence`` is to be recorded (a verified run),
+    then every ``around_generate`` context (backend flags, hooks, profilers)."""
     with contextlib.ExitStack() as stack:
+        if evidence is not None:
+            for technique in opt.techniques:
+                stack.enter_context(technique.observe(opt.model, evidence))
         for technique in opt.techniques:
             stack.enter_context(technique.around_generate(opt.model))
         yield
 
 
-def install_compile_counter(opt: "OptModel") -> bool:
-    """Pre-create transformers' compiled forward, wrapped to count calls (the proof that it ran).
-
-    True when a new compiled forward was made: its first call compiles (seconds to minutes)."""
-    import torch
-
-    model = opt.model
-    config = opt.generation.kwargs["compile_config"]
-    if getattr(model, "_opt_compile_counter", None) is opt.compiled_calls and getattr(model, "_last_compile_config", None) == config:
-        return False
-    compiled = torch.compile(model.__call__, **config.to_dict())
-    counter = opt.compiled_calls
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        counter[0] += 1
-        return compiled(*args, **kwargs)
-
-    model._last_compile_config = config
-    model._compiled_call = counted
-    model._opt_compile_counter = counter
-    return True
-
-
 def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, batch_size: int | None = None,
-                   keep_logits: bool = False, spy: bool = False, extra: dict[str, Any] | None = None,
+                   keep_logits: bool = False, observe: bool = False, extra: dict[str, Any] | None = None,
                    force_tokens: list[list[int]] | None = None) -> GenerationRun:
     """Run the prompts once through ``opt`` and return tokens, texts, timing and evidence.
+
+    ``observe``: let every technique record what its proof needs (``Technique.observe``) into the run's
+    evidence; for the verification run, never a timed one (the observers cost time).
 
     ``force_tokens`` (one token list per prompt): decode these tokens instead of the greedy ones
     (:class:`ForceTokens`), with the configuration's own generate arguments; implies ``keep_logits``."""
@@ -204,9 +156,9 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
 
     device, tokenizer, model = opt.device, opt.tokenizer, opt.model
     size = batch_size or len(prompts)
-    evidence = RunEvidence(requested=len(prompts), attention_backend_calls=None)
-    compiling = bool(opt.generation.compile) and install_compile_counter(opt)
-    calls_before = opt.compiled_calls[0]
+    evidence = RunEvidence(requested=len(prompts), compiled=bool(opt.generation.compile))
+    # one-time work the first generate call does (e.g. compiling), announced while it runs
+    first_call_work = [w for w in (t.prepare_generation(model, opt.generation) for t in opt.techniques) if w]
     tokens: list[list[int]] = []
     logprobs: list[Any] = []
     latencies: list[float] = []
@@ -226,11 +178,10 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
         if force_tokens is not None:
             kwargs["logits_processor"].append(ForceTokens(force_tokens[first : first + len(batch)],
                                                           encoded["input_ids"].shape[1]))
-        spying = _spy_attention(model, evidence) if spy and not opt.generation.compile else contextlib.nullcontext()
         # outside the clock reads: the lines are written before ``start`` and after ``end``
-        announce = (long_work(f"compiling [{', '.join(opt.labels)}] with torch.compile", detail="first generate call")
-                    if compiling and not tokens else contextlib.nullcontext())
-        with announce, torch.inference_mode(), spying, _technique_contexts(opt):
+        announce = (long_work(f"{'; '.join(first_call_work)} for [{', '.join(opt.labels)}]", detail="first generate call")
+                    if first_call_work and not tokens else contextlib.nullcontext())
+        with announce, torch.inference_mode(), _technique_contexts(opt, evidence if observe else None):
             start = now(device)
             output = model.generate(**encoded, **kwargs)
             end = now(device)
@@ -244,7 +195,6 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
             steps = torch.stack(output.logits, dim=1).float().log_softmax(dim=-1).cpu()
             logprobs.extend(steps[i] for i in range(steps.shape[0]))
     total = now(device) - round_start
-    evidence.compiled_calls = opt.compiled_calls[0] - calls_before
     evidence.finished_requests = len(tokens)
     steps_done = len(tokens[0]) if tokens else 0
     timing = RoundTiming(latency_s=sum(latencies) / len(latencies), ttft_s=(sum(ttfts) / len(ttfts)) if ttfts else None,
@@ -266,7 +216,7 @@ logging.getLogger("ContinuousBatchingLogger").addFilter(_DropPersistentManagerWa
 
 def _paged_cache_bytes(model: Any) -> int | None:
     """Bytes of the paged KV cache tensor the last ``generate_batch(persistent_manager=True)`` allocated."""
-    manager = getattr(model, "_cached_continuous_batching_manager", None)
+    manager = continuous_batching_manager(model)
     cache = getattr(getattr(manager, "batch_processor", None), "cache", None)
     tensor = getattr(cache, "cache_tensor", None)
     return int(tensor.nbytes) if tensor is not None else None
@@ -301,7 +251,7 @@ def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens
             end = now(device)
         cache_bytes = _paged_cache_bytes(model)
     finally:
-        manager = getattr(model, "_cached_continuous_batching_manager", None)
+        manager = continuous_batching_manager(model)
         if manager is not None:
             manager.batch_processor = None  # drops the cache tensor now, not at the next collection
         model.destroy_cached_continuous_batching_manager()
@@ -322,7 +272,7 @@ def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens
     tokens = [list(o.generated_tokens) for o in ordered]
     ttfts = [o.timestamps[0] - o.created_time for o in ordered if getattr(o, "timestamps", None)]
     evidence = RunEvidence(used_generate_batch=True, requested=len(prompts),
-                           finished_requests=sum(1 for o in ordered if o.is_finished()), attention_backend_calls=None,
+                           finished_requests=sum(1 for o in ordered if o.is_finished()),
                            paged_cache_bytes=cache_bytes, notes=notes)
     steps = len(tokens[0]) if tokens else 0
     timing = RoundTiming(latency_s=end - start, ttft_s=(sum(ttfts) / len(ttfts)) if ttfts else None, steps=steps,

@@ -105,7 +105,9 @@ def nvml_facts(index: int, nvml: Any = None) -> dict[str, Any]:
     facts: dict[str, Any] = {}
     try:
         if nvml is None:
-            import pynvml as nvml  # from nvidia-ml-py
+            import pynvml  # from nvidia-ml-py
+
+            nvml = pynvml
 
         nvml.nvmlInit()
     except Exception:

@@ -12,8 +12,9 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
+from ..compat import drop_compiled_forward, reset_compiled_graphs
 from ..errors import OptConfigError, OptLoadError, OptProofError
 from ..units import parse_dtype
 from .measure import release_memory, track_peak_memory
@@ -160,6 +161,7 @@ def prime_loader(device: str) -> None:
 
     config = tiny_model_config("tiny-random-llama")
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    models: Iterable[Any]  # a generator on one process: each model is freed before the next loads
     with tempfile.TemporaryDirectory(prefix="opt-prime-") as folder, torch.inference_mode():
         if distributed:  # torchrun ranks: save_pretrained writes on rank 0 only, so prime in memory
             models = [AutoModelForCausalLM.from_config(config).to(device).eval()]
@@ -284,17 +286,11 @@ class ModelCache:
         loaded = self._models.pop(key, None)
         if loaded is None:
             return
-        compiled = loaded.model is not None and hasattr(loaded.model, "_compiled_call")
-        if compiled:
-            for attribute in ("_compiled_call", "_last_compile_config", "_opt_compile_counter"):
-                if hasattr(loaded.model, attribute):
-                    delattr(loaded.model, attribute)
+        compiled = loaded.model is not None and drop_compiled_forward(loaded.model)
         loaded.model = None
         del loaded
         if compiled:
-            import torch
-
-            torch._dynamo.reset()  # compiled graphs hold references to the old weights
+            reset_compiled_graphs()  # compiled graphs hold references to the old weights
         release_memory(self.device)
 
     def clear(self) -> None:

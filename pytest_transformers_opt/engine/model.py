@@ -102,7 +102,6 @@ class OptModel:
     request: ModelRequest
     device: str
     probe_context: ProbeContext
-    compiled_calls: list[int] = field(default_factory=lambda: [0])
 
     @property
     def model(self) -> Any:
@@ -120,7 +119,7 @@ class OptModel:
     def tensor_parallel_size(self) -> int | None:
         """N when this configuration runs in N torchrun processes (its weights are not loaded here)."""
         for technique in self.techniques:
-            if technique.name == "tensor_parallel":
+            if technique.runs_in_subprocesses:
                 return int(technique.params["tp_size"])
         return None
 

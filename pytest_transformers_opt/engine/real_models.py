@@ -90,7 +90,7 @@ def gguf_source(spec: RealModelSpec) -> Path:
         problem = (f"its wheel {wheel} is not installed" if found is None else
                    f"{spec.gguf_file} is missing from {', '.join(locations) or spec.package}") + \
             (f", and {problem}" if problem else "")
-    if problem:
+    if problem or path is None:  # a missing file always sets problem
         raise RealModelUnavailable(f"built-in model {spec.name} needs {problem}; install it with: {spec.install}")
     return path
 

@@ -96,7 +96,7 @@ def _tail(path: Path, limit: int = _STDERR_TAIL) -> str:
     return text[-limit:].strip()
 
 
-def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+def _kill_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
     """Stop torchrun and its workers: the child was started in its own session (process group)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -231,7 +231,7 @@ def run_tensor_parallel(model_path: str, *, dtype: str | None, tp_size: int, pro
             raise RuntimeError(f"{label} {what}: {detail}\n--- torchrun stderr (tail) ---\n{tail}")
         ok = [r for r in reports if r is not None]
         first = ok[0]
-        peaks = [r.get("peak_memory_bytes") for r in ok if r.get("peak_memory_bytes") is not None]
+        peaks = [int(r["peak_memory_bytes"]) for r in ok if r.get("peak_memory_bytes") is not None]
         return TensorParallelRun(
             tokens=first["tokens"], texts=first["texts"], logprobs=_load_logprobs(out_dir, first),
             rounds=[RoundTiming(**r) for r in first["rounds"]], verification=RoundTiming(**first["verification"]),

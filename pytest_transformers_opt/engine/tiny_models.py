@@ -144,7 +144,9 @@ def synthetic_corpus(seed: int = 0, sentences: int = 2000) -> list[str]:
     return corpus
 
 
-def _train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
+def train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
+    """A byte-level BPE tokenizer trained on ``corpus`` (at most 512 tokens), as a ``PreTrainedTokenizerFast``
+    with the built-in models' special tokens; left padding, for batched generation."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -191,7 +193,7 @@ def build_tiny_model(name: str, directory: str | os.PathLike[str], seed: int = 0
 
     spec = _spec_for(name)
     corpus = synthetic_corpus(seed)
-    tokenizer = _train_tokenizer(corpus, spec.vocab_size)
+    tokenizer = train_tokenizer(corpus, spec.vocab_size)
     vocab = max(spec.vocab_size, len(tokenizer)) if spec.train_steps == 0 else len(tokenizer)
     config = _make_config(spec, vocab_size=vocab)
     torch.manual_seed(seed)
@@ -217,7 +219,7 @@ def build_estimate_s(spec: TinyModelSpec) -> float:
     """A rough duration of building ``spec`` on this machine (tokenizer, training, saving)."""
     import torch
 
-    per_step = TRAIN_STEP_S_2_CORES * 2 / max(1, min(torch.get_num_threads(), 8))
+    per_step: float = TRAIN_STEP_S_2_CORES * 2 / max(1, min(torch.get_num_threads(), 8))
     return BUILD_OVERHEAD_S + spec.train_steps * per_step
 
 

@@ -121,7 +121,9 @@ def run(spec: dict[str, Any], out_dir: Path, rank: int, world_size: int, local_r
     import transformers
     from transformers import AutoModelForCausalLM
 
+    from ..compat import device_mesh
     from .generation import run_generation
+    from .hardware import HardwareInfo
     from .loading import ModelRequest, load_tokenizer, prime_loader
     from .model import LoadedModel, OptModel
     from .measure import track_peak_memory
@@ -154,7 +156,7 @@ def run(spec: dict[str, Any], out_dir: Path, rank: int, world_size: int, local_r
     result["memory_method"] = load_memory.method
     result.update(shard_evidence(model))
     result["model_tp_size"] = getattr(model, "tp_size", None)
-    mesh = getattr(model, "_device_mesh", None)
+    mesh = device_mesh(model)
     result["device_mesh"] = None if mesh is None else str(mesh)
     result["model_device"] = str(getattr(model, "device", ""))
 
@@ -163,7 +165,7 @@ def run(spec: dict[str, Any], out_dir: Path, rank: int, world_size: int, local_r
                          resident_bytes=load_memory.resident_delta_bytes, memory_method=load_memory.method,
                          load_techniques=(f"tensor_parallel(tp_size={spec['tp_size']})",))
     opt = OptModel(loaded=loaded, techniques=[], generation=GenerationSettings(kwargs=dict(spec.get("generate_kwargs") or {})),
-                   request=request, device=device, probe_context=ProbeContext(hardware=None))
+                   request=request, device=device, probe_context=ProbeContext(hardware=HardwareInfo(device=device, device_type=device_type)))
     prompts, new_tokens, batch = list(spec["prompts"]), int(spec["max_new_tokens"]), int(spec["batch_size"])
 
     def once(keep_logits: bool = False) -> Any:

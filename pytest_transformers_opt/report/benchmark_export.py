@@ -6,8 +6,9 @@ side) and the plugin's figures in ``extra_info``. So ``--benchmark-json``, ``--b
 ``--benchmark-autosave`` and ``pytest-benchmark compare`` show them next to a project's own
 benchmarks.
 
-Only pytest-benchmark's public surface is used: its documented hooks, its command-line options,
-its ``Stats`` class (the statistics are computed exactly as its own) and its storage loader. Two
+pytest-benchmark's documented surface is used: its hooks, its command-line options and its ``Stats``
+class (the statistics are computed exactly as its own); its storage, which it does not document, is
+built through ``compat.benchmark_storage`` alone. Two
 paths, because pytest-benchmark saves nothing at all when no ``benchmark`` fixture ran, or when
 pytest-xdist disabled it:
 
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ..compat import benchmark_storage
 from ..files import check_writable, write_atomic
 from .writer import REPORT_NOT_WRITTEN_STATUS, all_entries, describe_error, note_problem
 
@@ -163,8 +165,5 @@ class BenchmarkExport:
             write_atomic(Path(json_path), json.dumps(output_json, indent=4, default=str) + "\n")
             log.info(f"Wrote benchmark data in: {json_path}")
         if save_name:
-            from pytest_benchmark.utils import get_machine_id, load_storage
-
-            storage = load_storage(config.getoption("benchmark_storage"), logger=log,
-                                   default_machine_id=get_machine_id(), netrc=config.getoption("benchmark_netrc"))
+            storage = benchmark_storage(config.getoption("benchmark_storage"), log, config.getoption("benchmark_netrc"))
             storage.save(output_json, save_name)

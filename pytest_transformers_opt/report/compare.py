@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from ..errors import OptConfigError
 from .schema import load_report
-from ..units import format_bytes, format_duration, shown
+from ..units import format_bytes, format_duration, format_ratio, shown
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,6 @@ class _Metric:
 
 def _fmt_throughput(value: float) -> str:
     return f"{value:.1f} tok/s"
-
-
-def _fmt_ratio(value: float) -> str:
-    return f"{value:.2f}x"
 
 
 def _fmt_kl(value: float) -> str:
@@ -54,12 +50,12 @@ METRICS: dict[str, _Metric] = {
     "tpot": _Metric(("optimized", "tpot_s"), False, format_duration),
     "peak_memory": _Metric(("optimized", "peak_memory_bytes"), False, format_bytes),
     "throughput": _Metric(("optimized", "throughput_tok_s"), True, _fmt_throughput),
-    "speedup": _Metric(("speedup",), True, _fmt_ratio),
+    "speedup": _Metric(("speedup",), True, format_ratio),
     "kl_mean": _Metric(("similarity", "kl_mean"), False, _fmt_kl),
     "kl_max": _Metric(("similarity", "kl_max"), False, _fmt_kl),
     "top1": _Metric(("similarity", "top1"), True, _fmt_fraction),
     "token_match": _Metric(("similarity", "token_match"), True, _fmt_fraction),
-    "memory_ratio": _Metric(("memory_ratio",), False, _fmt_ratio),
+    "memory_ratio": _Metric(("memory_ratio",), False, format_ratio),
 }
 """Every metric a threshold may name (lower is better unless ``higher_is_better``)."""
 
@@ -152,12 +148,9 @@ COMPARE_REMEDY = "give a JSON report written by this plugin (pytest --opt-report
 
 
 def load_compare_report(path: str, source: str = "--opt-compare") -> dict[str, Any]:
-    """``load_report`` (the guarded reader) with its message prefixed by ``source``: the option, or
-    the variable ``PYTEST_OPT_COMPARE`` when the path came from there. One line, whatever went wrong."""
-    try:
-        return load_report(path, remedy=COMPARE_REMEDY)
-    except OptConfigError as exc:
-        raise OptConfigError(f"{source}: {exc}") from exc
+    """The earlier report, read by ``schema.load_report``; a problem names ``source`` (the option, or the
+    variable ``PYTEST_OPT_COMPARE`` when the path came from there) and ends with ``COMPARE_REMEDY``."""
+    return load_report(path, source=source, remedy=COMPARE_REMEDY)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The report as one self-contained HTML page (``--opt-report-html``).
 
-Nothing is fetched when the page is viewed: the CSS is inline, the charts are inline SVG drawn
-here, and there is no script, font or image from anywhere else. Every piece of text from the
-report goes through :func:`html.escape`.
+Nothing is fetched when the page is viewed: the CSS (``report.css``, package data) is inlined, the
+charts are inline SVG drawn here, and there is no script, font or image from anywhere else. Every
+piece of text from the report goes through :func:`html.escape`.
 
 Charts, each readable at a glance:
 
@@ -13,7 +13,7 @@ Charts, each readable at a glance:
 - agreement with the baseline (top-1 and token match), with the ``min_top1`` and
   ``min_token_match`` ticks.
 
-Under them: the failed budgets, the results table (the same cells as the Markdown report),
+Under them: the failed budgets, the results table (the cells of :mod:`.view`, as in the Markdown report),
 estimated figures apart, the skipped techniques grouped by reason, and the environment.
 """
 
@@ -23,9 +23,12 @@ import html
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
 from typing import Any, Protocol
 
-from . import markdown as text
+from ..units import format_ratio
+from . import view
 
 OK_COLOR = "#2e8b57"
 FAIL_COLOR = "#d64541"
@@ -33,8 +36,6 @@ WARN_COLOR = "#e09b2d"
 BASE_COLOR = "#9aa5b1"
 OPT_COLOR = "#3b6fd8"
 ALT_COLOR = "#8a5cc4"
-MARKER_COLOR = "#1f2933"
-GRID_COLOR = "#e4e7eb"
 
 _WIDTH = 680
 _LABEL_W = 220
@@ -225,7 +226,7 @@ def _svg_chart(
 
 
 def _measured_tests(report: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [test for test, _row in text.table_rows(report) if test.get("outcome") != "skipped"]
+    return [test for test, _row in view.table_rows(report) if test.get("outcome") != "skipped"]
 
 
 def _budget(test: Mapping[str, Any], name: str) -> dict[str, Any] | None:
@@ -241,7 +242,7 @@ def _limit(test: Mapping[str, Any], name: str) -> float | None:
 
 
 def _failed(test: Mapping[str, Any], name: str) -> bool:
-    return name in text.failed_budget_names(test)
+    return name in view.failed_budget_names(test)
 
 
 def _nice_max(values: Iterable[float], floor: float) -> float:
@@ -262,8 +263,8 @@ def speedup_chart(report: Mapping[str, Any]) -> str:
         else:
             color = OK_COLOR if value >= 1.0 else WARN_COLOR
         rows.append(Row(_short_label(str(test["nodeid"])), str(test["nodeid"]), [Bar(
-            value, text.format_times(raw), color, "speedup",
-            limit, f"min_speedup {text.format_times(limit)}" if limit is not None else "")]))
+            value, format_ratio(raw), color, "speedup",
+            limit, f"min_speedup {format_ratio(limit)}" if limit is not None else "")]))
     values = [v for row in rows for bar in row.bars for v in (bar.value, bar.marker) if v is not None]
     scale = LinearScale(0.0, _nice_max(values, 1.0), lambda v: f"{v:g}x") if rows else None
     return _svg_chart(
@@ -277,20 +278,20 @@ def speedup_chart(report: Mapping[str, Any]) -> str:
 def memory_chart(report: Mapping[str, Any]) -> str:
     rows = []
     for test in _measured_tests(report):
-        base = _metric(test, "baseline", "peak_memory_bytes")
-        opt = _metric(test, "optimized", "peak_memory_bytes")
+        base = view.side_figure(test, "baseline", "peak_memory_bytes")
+        opt = view.side_figure(test, "optimized", "peak_memory_bytes")
         if base is None and opt is None:
             continue
         limit = _limit(test, "max_memory")
         over = _failed(test, "max_memory") or _failed(test, "max_memory_ratio")
         ratio = test.get("memory_ratio")
-        opt_text = text.format_memory(opt)
+        opt_text = view.format_memory(opt)
         if ratio is not None:
-            opt_text += f" ({text.format_times(ratio)})"
+            opt_text += f" ({format_ratio(ratio)})"
         rows.append(Row(_short_label(str(test["nodeid"])), str(test["nodeid"]), [
-            Bar(_finite(base), text.format_memory(base), BASE_COLOR, "baseline peak memory"),
+            Bar(_finite(base), view.format_memory(base), BASE_COLOR, "baseline peak memory"),
             Bar(_finite(opt), opt_text, FAIL_COLOR if over else OPT_COLOR, "optimized peak memory",
-                limit, f"max_memory {text.format_memory(limit)}" if limit is not None else ""),
+                limit, f"max_memory {view.format_memory(limit)}" if limit is not None else ""),
         ]))
     values = [v for row in rows for bar in row.bars for v in (bar.value, bar.marker) if v is not None and v > 0]
     scale: Scale | None = None
@@ -323,15 +324,15 @@ def memory_chart(report: Mapping[str, Any]) -> str:
 def kl_chart(report: Mapping[str, Any]) -> str:
     rows = []
     for test in _measured_tests(report):
-        raw = _similarity(test, "kl_mean")
+        raw = view.similarity_figure(test, "kl_mean")
         limit = _limit(test, "max_kl")
         if raw is None and limit is None:
             continue
         value = _finite(raw)
         over = _failed(test, "max_kl") or value is None or (limit is not None and value > limit)
         rows.append(Row(_short_label(str(test["nodeid"])), str(test["nodeid"]), [Bar(
-            value, text.format_kl(raw), FAIL_COLOR if over else OPT_COLOR, "KL mean",
-            limit, f"max_kl {text.format_kl(limit)}" if limit is not None else "")]))
+            value, view.format_kl(raw), FAIL_COLOR if over else OPT_COLOR, "KL mean",
+            limit, f"max_kl {view.format_kl(limit)}" if limit is not None else "")]))
     positive = [v for row in rows for bar in row.bars for v in (bar.value, bar.marker) if v is not None and v > 0]
     scale = None
     if rows:
@@ -347,7 +348,7 @@ def kl_chart(report: Mapping[str, Any]) -> str:
 def agreement_chart(report: Mapping[str, Any]) -> str:
     rows = []
     for test in _measured_tests(report):
-        top1, match = _similarity(test, "top1"), _similarity(test, "token_match")
+        top1, match = view.similarity_figure(test, "top1"), view.similarity_figure(test, "token_match")
         if top1 is None and match is None:
             continue
         bars = []
@@ -355,11 +356,11 @@ def agreement_chart(report: Mapping[str, Any]) -> str:
                                          (match, "token match", "min_token_match", ALT_COLOR)):
             value, limit = _finite(raw), _limit(test, budget)
             under = _failed(test, budget) or (raw is not None and value is None)
-            label = text.format_percent(raw)
-            if name == "token match" and _similarity(test, "near_tie") and raw is not None:
+            label = view.format_percent(raw)
+            if name == "token match" and view.similarity_figure(test, "near_tie") and raw is not None:
                 label += " near-tie"
             bars.append(Bar(value, label, FAIL_COLOR if under else color, name, limit,
-                            f"{budget} {text.format_percent(limit)}" if limit is not None else ""))
+                            f"{budget} {view.format_percent(limit)}" if limit is not None else ""))
         rows.append(Row(_short_label(str(test["nodeid"])), str(test["nodeid"]), bars))
     values = [v for row in rows for bar in row.bars for v in (bar.value, bar.marker) if v is not None]
     scale = None
@@ -377,16 +378,6 @@ def agreement_chart(report: Mapping[str, Any]) -> str:
     )
 
 
-def _metric(test: Mapping[str, Any], which: str, key: str) -> Any:
-    metrics = test.get(which)
-    return metrics.get(key) if isinstance(metrics, dict) else None
-
-
-def _similarity(test: Mapping[str, Any], key: str) -> Any:
-    similarity = test.get("similarity")
-    return similarity.get(key) if isinstance(similarity, dict) else None
-
-
 CHARTS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], str]], ...] = (
     ("Speedup", "Baseline median latency / optimized median latency. Right of the 1.0x line is faster.",
      speedup_chart),
@@ -400,61 +391,10 @@ CHARTS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], str]], ...] = (
 
 # --------------------------------------------------------------------------- page
 
-_CSS = """
-:root { color-scheme: light; --fg: #1f2933; --muted: #616e7c; --line: #e4e7eb; --bg: #ffffff;
-  --panel: #f7f8fa; --fail: #d64541; --ok: #2e8b57; --warn: #b7791f; }
-* { box-sizing: border-box; }
-body { margin: 0; padding: 24px 24px 48px; background: var(--bg); color: var(--fg);
-  font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
-h1 { font-size: 24px; margin: 0 0 4px; }
-h2 { font-size: 18px; margin: 28px 0 10px; }
-.context { color: var(--muted); margin: 0 0 10px; }
-.counts { display: flex; gap: 8px; flex-wrap: wrap; }
-.pill { padding: 2px 10px; border-radius: 999px; font-weight: 600; font-size: 13px; background: var(--panel);
-  border: 1px solid var(--line); }
-.pill.passed { color: var(--ok); } .pill.failed, .pill.error { color: var(--fail); }
-.pill.skipped { color: var(--muted); } .pill.zero { opacity: .55; }
-.note { background: #fff8e6; border-left: 4px solid var(--warn); padding: 6px 10px; margin: 12px 0 0; }
-.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 16px; }
-figure.chart { margin: 0; padding: 12px 14px 8px; border: 1px solid var(--line); border-radius: 8px;
-  background: var(--bg); }
-figure.chart figcaption { margin-bottom: 6px; }
-figure.chart figcaption strong { font-size: 15px; display: block; }
-figure.chart figcaption span { color: var(--muted); font-size: 12.5px; }
-svg.chart-svg { width: 100%; height: auto; display: block; }
-svg text { font-family: inherit; fill: var(--fg); }
-svg .label { font-size: 12px; } svg .legend { font-size: 11.5px; }
-svg .value { font-size: 11.5px; paint-order: stroke; stroke: #ffffff; stroke-width: 3px; stroke-linejoin: round; }
-svg .tick { font-size: 11px; fill: var(--muted); } svg .axis-note { font-style: italic; } svg .empty { font-size: 13px; fill: var(--muted); }
-svg .grid { stroke: #e4e7eb; stroke-width: 1; } svg .axis { stroke: #9aa5b1; stroke-width: 1; }
-svg .marker { stroke: #1f2933; stroke-width: 2.5; }
-svg .ref { stroke: #1f2933; stroke-width: 1.5; stroke-dasharray: 5 3; }
-svg .ref-label { font-size: 11px; font-weight: 600; paint-order: stroke; stroke: #ffffff; stroke-width: 3px; }
-svg g.row:hover .label { font-weight: 700; }
-.table-wrap { overflow-x: auto; border: 1px solid var(--line); border-radius: 8px; }
-table { border-collapse: collapse; width: 100%; font-size: 12.5px; }
-th, td { padding: 5px 7px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
-th { background: var(--panel); font-weight: 600; }
-td.num { white-space: nowrap; font-variant-numeric: tabular-nums; }
-td.test { min-width: 13em; } td.test code { overflow-wrap: anywhere; }
-td.test .techniques { display: block; color: var(--muted); margin-top: 2px; overflow-wrap: anywhere; }
-td .reason { display: block; font-weight: 400; font-size: 11.5px; color: var(--muted); white-space: normal;
-             overflow-wrap: anywhere; }
-td.outcome-skipped { min-width: 10em; }
-td.regression { min-width: 8em; }
-td.pair span { display: block; } td.pair .base { color: var(--muted); }
-code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12px; }
-tr.failed td, tr.error td { background: #fdf1f1; }
-tr.skipped td { color: var(--muted); }
-td.bad { color: var(--fail); font-weight: 600; }
-td.outcome-passed { color: var(--ok); font-weight: 600; }
-td.outcome-failed, td.outcome-error { color: var(--fail); font-weight: 600; }
-ul.skipped li { margin-bottom: 6px; } ul.skipped ul { margin: 4px 0 0; color: var(--muted); }
-details { margin-top: 28px; border: 1px solid var(--line); border-radius: 8px; padding: 8px 14px; }
-details summary { cursor: pointer; font-weight: 600; }
-details table { margin-top: 8px; width: auto; }
-footer { margin-top: 32px; color: var(--muted); font-size: 12px; }
-"""
+@lru_cache(maxsize=1)
+def page_css() -> str:
+    """The page's style sheet, ``report.css`` (package data), inlined into every page."""
+    return resources.files(__package__).joinpath("report.css").read_text(encoding="utf-8")
 
 
 def _html_table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, cls: str = "") -> str:
@@ -468,11 +408,11 @@ _PAIR_KEYS = ("ttft", "tpot", "throughput", "memory")
 
 
 def _results_table(report: Mapping[str, Any]) -> str:
-    cols = text.columns(report)
+    cols = view.columns(report)
     head = "".join(f"<th>{_e('Test and techniques' if key == 'test' else header)}</th>"
                    for key, header in cols if key != "techniques")
     body = []
-    for test, row in text.table_rows(report):
+    for test, row in view.table_rows(report):
         outcome = str(test.get("outcome") or "")
         cells = []
         for key, _header in cols:
@@ -487,11 +427,11 @@ def _results_table(report: Mapping[str, Any]) -> str:
                              f'{_e(value[len("skipped: "):])}</span></td>')
             elif key == "outcome" and outcome in ("failed", "error") and value.startswith(f"{outcome}: "):
                 cells.append(f'<td class="outcome-{_e(outcome)}">{_e(outcome)}<span class="reason">'
-                             f'{_e(value[len(outcome) + 2:])}</span></td>')  # text.outcome_text's one-line reason
+                             f'{_e(value[len(outcome) + 2:])}</span></td>')  # view.outcome_text's one-line reason
             elif key == "outcome":
                 cells.append(f'<td class="outcome-{_e(outcome)}">{_e(value)}</td>')
             elif key in ("failed_budgets", "regression"):
-                bad = value != text.MISSING if key == "failed_budgets" else value.startswith("regressed")
+                bad = value != view.MISSING if key == "failed_budgets" else value.startswith("regressed")
                 cells.append(f'<td class="{key}{" bad" if bad else ""}">{_e(value)}</td>')
             elif key == "token_match" and value.endswith(" (near-tie)"):
                 cells.append(f'<td class="num">{_e(value[: -len(" (near-tie)")])}'
@@ -509,32 +449,32 @@ def _results_table(report: Mapping[str, Any]) -> str:
 
 def render_html(report: dict[str, Any]) -> str:
     """The report as one self-contained HTML page with inline CSS and inline SVG charts."""
-    summary = text.summary_text(report)
-    counts = text.summary_counts(report)
+    summary = view.summary_text(report)
+    counts = view.summary_counts(report)
     out = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>Optimization report: {_e(summary)}</title>",
-        f"<style>{_CSS}</style></head><body>",
+        f"<style>\n{page_css()}</style></head><body>",
         "<header><h1>Optimization report</h1>",
-        f'<p class="context">{_e(text.context_text(report))}</p>',
+        f'<p class="context">{_e(view.context_text(report))}</p>',
         '<div class="counts">' + "".join(
             f'<span class="pill {key}{" zero" if not counts[key] else ""}">{counts[key]} {key}</span>'
-            for key in text.shown_counts(counts)) + "</div>",
+            for key in view.shown_counts(counts)) + "</div>",
     ]
-    note = text.budgets_mode_note(report)
+    note = view.budgets_mode_note(report)
     if note:
         out.append(f'<p class="note">{_e(note)}</p>')
     out.append("</header>")
 
-    budget_rows = text.failed_budget_rows(report)
+    budget_rows = view.failed_budget_rows(report)
     if budget_rows:
         with_note = any(row["note"] for row in budget_rows)
         headers = ["Test", "Budget", "Measured", "Limit", "Source"] + (["Note"] if with_note else [])
         keys = ["test", "budget", "measured", "limit", "source"] + (["note"] if with_note else [])
         out.append('<section id="failed-budgets"><h2>Failed budgets</h2>')
-        out.append(_html_table(headers, ([row[k] or text.MISSING for k in keys] for row in budget_rows),
+        out.append(_html_table(headers, ([row[k] or view.MISSING for k in keys] for row in budget_rows),
                                cls="failed-budgets"))
         out.append("</section>")
 
@@ -545,13 +485,13 @@ def render_html(report: dict[str, Any]) -> str:
     out.append("</div></section>")
 
     out.append('<section id="results"><h2>Results</h2>')
-    if text.table_rows(report):
+    if view.table_rows(report):
         out.append(_results_table(report))
     else:
         out.append("<p>No test used <code>opt_bench</code> in this run.</p>")
     out.append("</section>")
 
-    estimates = text.estimate_rows(report)
+    estimates = view.estimate_rows(report)
     if estimates:
         out.append('<section id="estimates"><h2>Estimated figures (estimate)</h2>'
                    "<p>Not measured in this run; kept apart from the measured figures above.</p>")
@@ -559,7 +499,7 @@ def render_html(report: dict[str, Any]) -> str:
                                ([r["test"], r["figure"], f"{r['value']} (estimate)"] for r in estimates)))
         out.append("</section>")
 
-    groups = text.skipped_groups(report)
+    groups = view.skipped_groups(report)
     if groups:
         out.append('<section id="skipped"><h2>Skipped techniques</h2><ul class="skipped">')
         for reason, tests in groups:
@@ -571,19 +511,19 @@ def render_html(report: dict[str, Any]) -> str:
                        f"<ul>{items}</ul></li>")
         out.append("</ul></section>")
 
-    problems = text.problem_rows(report)
+    problems = view.problem_rows(report)
     if problems:
         out.append('<section id="problems"><h2>Failures and errors</h2>')
         out.append(_html_table(["Test", "Outcome", "Error"], ([r["test"], r["outcome"], r["error"]] for r in problems)))
         out.append("</section>")
 
-    advice = text.advice_lines(report)
+    advice = view.advice_lines(report)
     if advice:
         out.append('<section id="advice"><h2>Advice</h2><ul>' + "".join(f"<li>{_e(a)}</li>" for a in advice)
                    + "</ul></section>")
 
     out.append("<details><summary>Environment</summary>")
-    out.append(_html_table(["Item", "Value"], text.environment_rows(report), cls="environment"))
+    out.append(_html_table(["Item", "Value"], view.environment_rows(report), cls="environment"))
     out.append("</details>")
     out.append(f"<footer>pytest-transformers-opt report, schema {_e(report.get('schema'))} "
                f"version {_e(report.get('schema_version'))}, created {_e(report.get('created'))}</footer>")

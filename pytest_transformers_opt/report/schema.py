@@ -1,10 +1,12 @@
-"""Check a JSON report against its schema, and read one back from disk.
+"""The report's identity, its schema check, and the one reader of a report file.
 
-``validate_report`` uses ``jsonschema`` when it is installed (the full schema in
-``report_schema.json``) and otherwise a small built-in check of the fields that say what the
-document is. ``load_report`` reads a file that ``--opt-compare`` or ``pytest-opt advise
---from-report`` was pointed at, and turns every way that can go wrong into an
-:class:`~pytest_transformers_opt.errors.OptConfigError` that names the file and the problem.
+``REPORT_SCHEMA`` and ``REPORT_SCHEMA_VERSION`` are the only Python copy of what a report says it is
+(``report_schema.json`` states the same, and a test holds them together). ``validate_report`` uses
+``jsonschema`` when it is installed (the full schema in ``report_schema.json``) and otherwise a small
+built-in check of the fields that say what the document is. ``load_report`` reads a file that
+``--opt-compare`` or ``pytest-opt advise --from-report`` was pointed at, and turns every way that can
+go wrong into one :class:`~pytest_transformers_opt.errors.OptConfigError` line that names the option,
+the file, the problem and what is accepted.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from importlib import resources
 from typing import Any
 
 from ..errors import OptConfigError
+from ..files import read_json
 from ..units import shown
 
 REPORT_SCHEMA = "pytest-transformers-opt/report"
@@ -127,23 +130,45 @@ def validate_report(report: dict[str, Any]) -> None:
         raise ValueError("\n".join(lines))
 
 
-def load_report(path: str | os.PathLike[str], remedy: str | None = None) -> dict[str, Any]:
-    """Read and validate a JSON report written by ``--opt-report-json``.
+def reader_problem(report: Any) -> str | None:
+    """Why ``report`` cannot be read at all (see ``load_report``'s ``full_schema=False``), or None.
 
-    Raises :class:`OptConfigError` naming ``path`` and the problem when the file cannot be read,
-    is not JSON, is not a pytest-transformers-opt report, has another ``schema_version``, or does
-    not match the schema. The file is read by the guarded ``files.read_json`` (regular files,
-    size, depth and number limits), and ``remedy`` ends the message when it cannot be read.
-    """
-    from ..files import read_json
-
-    where = os.fspath(path)
-    report = read_json(where, what="the report", remedy=remedy)
+    The least every reader needs: a schema_version 1 report whose ``tests`` is a list of objects and
+    whose ``environment``, when present, is an object."""
     problem = _identity_problem(report)
     if problem is not None:
-        raise OptConfigError(f"the report {where!r} cannot be used: {problem}")
-    try:
-        validate_report(report)
-    except ValueError as exc:
-        raise OptConfigError(f"the report {where!r} cannot be used: {exc}") from exc
-    return report  # type: ignore[no-any-return]
+        return problem
+    tests = report.get("tests")
+    if not isinstance(tests, list) or not all(isinstance(test, dict) for test in tests):
+        return f"report.tests: expected a list of test records; found {shown(tests)}"
+    if not isinstance(report.get("environment", {}), dict):
+        return f"report.environment: expected an object; found {shown(report['environment'])}"
+    return None
+
+
+def load_report(path: str | os.PathLike[str], *, source: str | None = None, remedy: str | None = None,
+                full_schema: bool = True) -> dict[str, Any]:
+    """Read and check a JSON report written by ``--opt-report-json``: the one reader of report files.
+
+    Every problem is one :class:`OptConfigError` line, ``<source>: <what is wrong with the report
+    '<path>'>; <remedy>``: the file cannot be read, is not JSON or passes a limit of the guarded
+    ``files.read_json`` (regular files, size, depth and number limits), is not a pytest-transformers-opt
+    report, has another ``schema_version``, or does not match the schema. ``source`` is where the path
+    came from (an option or a variable), ``remedy`` what the caller accepts instead. ``full_schema=False``
+    checks only what ``reader_problem`` needs, for a reader that takes trimmed or hand-written reports.
+    """
+    where = os.fspath(path)
+    prefix = f"{source}: " if source else ""
+    suffix = f"; {remedy}" if remedy else ""
+    report = read_json(where, what="the report", source=source, remedy=remedy)
+    problem = _identity_problem(report) if full_schema else reader_problem(report)
+    if problem is None and full_schema:
+        try:
+            validate_report(report)
+        except ValueError as exc:  # one line: a usage error is read on one line
+            head, *problems = str(exc).splitlines()
+            problem = " ".join([head, "; ".join(line.strip(" -") for line in problems)]).strip()
+    if problem is not None:
+        raise OptConfigError(f"{prefix}the report {where!r} cannot be used: {problem}{suffix}")
+    checked: dict[str, Any] = report
+    return checked

@@ -14,19 +14,22 @@ import os
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
 from ..files import JSON_INT_LIMIT, MAX_JSON_DEPTH, write_atomic  # the reader's bounds, so what is written reads back
 from ..verdict.results import CALL_SUFFIX, call_nodeid
-from ..units import failure_reason, format_bytes, format_duration
+from ..units import failure_reason, format_duration
+from .schema import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, validate_report
+from .view import format_memory, format_percent, format_rate, terminal_table
 
 if TYPE_CHECKING:
     from ..session import OptSession, TestRecord
 
-SCHEMA = "pytest-transformers-opt/report"
-SCHEMA_VERSION = 1
+AdviceSource = Callable[[dict[str, Any]], list[str]]
+"""What the face hands the writer: the built report -> the advisor's summary lines (the advisor comes
+after the report stage, so the report never imports it)."""
 
 
 _LEFT_OUT = object()  # a value _clean leaves out of its container
@@ -132,7 +135,7 @@ def build_report(session: "OptSession") -> dict[str, Any]:
         summary[entry["outcome"]] = summary.get(entry["outcome"], 0) + 1
     hardware = session.hardware
     report: dict[str, Any] = {
-        "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+        "schema": REPORT_SCHEMA, "schema_version": REPORT_SCHEMA_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "environment": _clean(hardware.as_environment()),
         "settings": {"budgets_mode": session.settings.budgets, "rounds": session.settings.rounds,
@@ -143,42 +146,8 @@ def build_report(session: "OptSession") -> dict[str, Any]:
     return report
 
 
-def _pair(opt: Any, base: Any, fmt: Any) -> str:
-    return f"{fmt(opt)} / {fmt(base)}"
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:.1f}"
-
-
-def _num(value: float | None, pattern: str = "{:.3g}") -> str:
-    return "-" if value is None else pattern.format(value)
-
-
-def table_rows(report: dict[str, Any]) -> list[list[str]]:
-    header = ["test", "techniques", "outcome", "TTFT ms opt/base", "TPOT ms opt/base", "tok/s opt/base", "speedup",
-              "peak mem opt/base", "mem ratio", "token match", "KL mean", "top-1", "failed budgets"]
-    rows = [header]
-    ordered = sorted(report["tests"], key=lambda t: (not t["failed_budgets"], t["outcome"] != "failed"))
-    for test in ordered:
-        base, opt = test.get("baseline") or {}, test.get("optimized") or {}
-        sim = test.get("similarity") or {}
-        outcome = test["outcome"]
-        rows.append([
-            test["nodeid"].split("::")[-1], ", ".join(test["techniques"]) or "-", outcome,
-            _pair(opt.get("ttft_s"), base.get("ttft_s"), _ms), _pair(opt.get("tpot_s"), base.get("tpot_s"), _ms),
-            _pair(opt.get("throughput_tok_s"), base.get("throughput_tok_s"), lambda v: _num(v, "{:.0f}")),
-            _num(test.get("speedup"), "{:.2f}x"),
-            _pair(opt.get("peak_memory_bytes"), base.get("peak_memory_bytes"), format_bytes),
-            _num(test.get("memory_ratio"), "{:.2f}x"), _num(sim.get("token_match"), "{:.2f}"),
-            _num(sim.get("kl_mean"), "{:.2e}"), _num(sim.get("top1"), "{:.2f}"),
-            ", ".join(test["failed_budgets"]) or "-",
-        ])
-    return rows
-
-
 def render_table(rows: list[list[str]], separator: str = "  ", rule_separator: str = "  ") -> list[str]:
-    """Left-aligned columns with a rule under the header row."""
+    """Left-aligned columns with a rule under the header row (scripts/device_check.py uses " | ")."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for n, row in enumerate(rows):
@@ -192,7 +161,7 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
     """The ``--opt-report`` text: the table, skip reasons, compile times, decode efficiency, errors."""
     if not report["tests"]:
         return ["no test used opt_bench, opt_model or opt_baseline_model"]
-    lines = render_table(table_rows(report))
+    lines = render_table(terminal_table(report))
     skipped = [t for t in report["tests"] if t["outcome"] == "skipped"]
     if skipped:
         lines += ["", "skipped:"]
@@ -213,8 +182,6 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
         lines += [f"  {t['nodeid'].split('::')[-1]}: {failure_reason(t['error'])}" for t in errors]
     decoding = [t for t in report["tests"] if "decode_bandwidth_fraction_of_peak" in (t.get("estimates") or {})]
     if decoding:  # needs the device's peak bandwidth: CUDA with NVML
-        from .markdown import format_memory, format_percent, format_rate
-
         peak = format_rate(report["environment"].get("gpu_memory_bandwidth_bytes_s"))
         lines += ["", f"decode efficiency (estimate: weights + KV cache read per step / TPOT, against {peak} peak):"]
         lines += [f"  {t['nodeid'].split('::')[-1]}: {format_memory(t['estimates']['decode_bytes_per_step'])} per "
@@ -232,18 +199,6 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
                   f"{report['settings']['rounds']} interleaved rounds unless a note says otherwise; peak memory is a "
                   f"delta over what was resident before load"]
     return lines
-
-
-def _advice(report: dict[str, Any]) -> dict[str, Any] | None:
-    """The advisor's next single change for the run just measured (None when nothing was measured)."""
-    if not any(t.get("optimized") for t in report["tests"]):
-        return None
-    from ..advisor import advise_from_report
-
-    try:
-        return {"summary": advise_from_report(report).summary_lines()}
-    except Exception as exc:  # advice is a bonus: never lose the report over it
-        return {"summary": [f"no advice: {type(exc).__name__}: {exc}"]}
 
 
 PREFIX = "transformers-opt: "
@@ -311,8 +266,9 @@ class ReportWriter:
     summary still prints. Only a requested output that is missing changes the exit status.
     """
 
-    def __init__(self, session: "OptSession") -> None:
+    def __init__(self, session: "OptSession", advice: AdviceSource | None = None) -> None:
         self.session = session
+        self.advice = advice
         self.settings = session.settings
         self.config = session.config
         self.end = session_end(session.config)
@@ -322,8 +278,8 @@ class ReportWriter:
 
     def _requested(self) -> list[tuple[str, str]]:
         """(``--opt-report-md=PATH`` as the user set it, key) of every requested report file."""
-        return [(f"{self.settings.sources.get(key, key)}={self.settings.values[key]}", key)
-                for key in ("report_json", "report_md", "report_html") if self.settings.values.get(key)]
+        return [(f"{self.settings.sources.get(key, key)}={getattr(self.settings, key)}", key)
+                for key in ("report_json", "report_md", "report_html") if getattr(self.settings, key)]
 
     def ran_any(self) -> bool:
         """The rule for writing at all: a test that uses opt_bench, opt_model or opt_baseline_model ran here
@@ -343,13 +299,22 @@ class ReportWriter:
             self._problem(f"could not build the report: {describe_error(exc)}; no report file was written",
                           fails_run=bool(self._requested()))
             return None
-        report["advice"] = _advice(report)
+        report["advice"] = self._advice(report)
         self._compare(report)
         return self._extra(report)
 
+    def _advice(self, report: dict[str, Any]) -> dict[str, Any] | None:
+        """The advisor's next single change for the run just measured (None when nothing was measured)."""
+        if self.advice is None or not any(t.get("optimized") for t in report["tests"]):
+            return None
+        try:
+            return {"summary": self.advice(report)}
+        except Exception as exc:  # advice is a bonus: never lose the report over it
+            return {"summary": [f"no advice: {type(exc).__name__}: {exc}"]}
+
     def _compare(self, report: dict[str, Any]) -> None:
         """--opt-compare: a regression verdict per test, kept on the report and summarised for the terminal."""
-        if self.settings.compare_report is None:
+        if self.settings.compare_report is None or self.settings.compare is None:
             return
         from .compare import compare_reports, summarise
 
@@ -377,25 +342,25 @@ class ReportWriter:
         hook = self.config.hook.pytest_opt_report_extra
         dropped: list[str] = []
         if not hook.get_hookimpls():
-            return _clean(report, "report", dropped)  # type: ignore[no-any-return]
+            return _clean(report, "report", dropped)  # type: ignore[no-any-return]  # _clean keeps a dict a dict
         before = copy.deepcopy(report)
         try:
             hook(config=self.config, report=report)
         except Exception as exc:
             self._problem(f"the pytest_opt_report_extra hook{_hook_location(self.config, exc)} raised "
                           f"{describe_error(exc)}; the report is written without its fields")
-            return _clean(before)  # type: ignore[no-any-return]
+            return _clean(before)  # type: ignore[no-any-return]  # _clean keeps a dict a dict
         cleaned = _clean(report, "report", dropped)
         invalid = _schema_problem(cleaned)
         if invalid is not None and _schema_problem(_clean(before)) is None:
             self._problem(f"the pytest_opt_report_extra hook left the report invalid ({invalid}); it is written "
                           "without the hook's fields: put them under report[\"extra\"] or a test's [\"extra\"]")
-            return _clean(before)  # type: ignore[no-any-return]
+            return _clean(before)  # type: ignore[no-any-return]  # _clean keeps a dict a dict
         for line in dropped[:_SHOWN_DROPPED]:
             self._problem(f"report field {line} (pytest_opt_report_extra)")
         if len(dropped) > _SHOWN_DROPPED:
             self._problem(f"... and {len(dropped) - _SHOWN_DROPPED} more report fields left out")
-        return cleaned  # type: ignore[no-any-return]
+        return cleaned  # type: ignore[no-any-return]  # _clean keeps a dict a dict
 
     def finish(self, exit_status: int) -> int:
         """At session end: write every report file; a regression past --opt-compare-fail, or a requested
@@ -455,10 +420,11 @@ class ReportWriter:
     def _write_files(self, report: dict[str, Any]) -> None:
         """JSON, Markdown (also appended to $GITHUB_STEP_SUMMARY) and HTML, each written atomically, each alone."""
         labels = dict((key, label) for label, key in self._requested())
+        paths = {key: Path(getattr(self.settings, key)) for key in labels}
         summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
         if "report_json" in labels:
             self._write(labels["report_json"], lambda: write_atomic(
-                Path(self.settings.report_json), json.dumps(report, indent=2, allow_nan=False) + "\n"))
+                paths["report_json"], json.dumps(report, indent=2, allow_nan=False) + "\n"))
         if "report_md" in labels or summary_path:
             rendered: list[str] = []
 
@@ -470,7 +436,7 @@ class ReportWriter:
                 return rendered[0]
 
             if "report_md" in labels:
-                self._write(labels["report_md"], lambda: write_atomic(Path(self.settings.report_md), markdown()))
+                self._write(labels["report_md"], lambda: write_atomic(paths["report_md"], markdown()))
             if summary_path:  # set by the CI runner, not asked for: a failure is said, the exit status stays
                 self._write(f"$GITHUB_STEP_SUMMARY={summary_path}", lambda: _append(summary_path, markdown() + "\n"),
                             requested=False)
@@ -478,7 +444,7 @@ class ReportWriter:
             def html() -> None:
                 from .html import render_html
 
-                write_atomic(Path(self.settings.report_html), render_html(report))
+                write_atomic(paths["report_html"], render_html(report))
 
             self._write(labels["report_html"], html)
 
@@ -491,8 +457,6 @@ def _append(path: str, text: str) -> None:
 
 def _schema_problem(report: dict[str, Any]) -> str | None:
     """The first schema violation of ``report``, or None when it is valid."""
-    from .schema import validate_report
-
     try:
         validate_report(report)
     except ValueError as exc:

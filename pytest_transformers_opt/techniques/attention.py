@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import contextlib
+from typing import Any, Callable, ClassVar, Iterator
 
-from ..compat import module_available
+from ..compat import attention_functions_wrapped, attention_implementation, model_class_supports, module_available
 from ..errors import OptConfigError
 from .base import (
     DOCS,
@@ -13,7 +14,6 @@ from .base import (
     ProbeContext,
     RunEvidence,
     Technique,
-    model_flag,
     version_ok,
 )
 from . import layer_kernels
@@ -26,13 +26,15 @@ class AttentionBackend(Technique):
     implementation: ClassVar[str] = ""
     model_flag: ClassVar[str | None] = None
     docs = f"{DOCS}/attention_interface"
+    docs_title = "Attention backends"
+    overview_section = "Attention backends"
 
     @property
     def impl(self) -> str:
         return self.implementation or self.name
 
     def probe(self, ctx: ProbeContext) -> str | None:
-        if self.model_flag and model_flag(ctx.model_config, self.model_flag) is False:
+        if self.model_flag and model_class_supports(ctx.model_config, self.model_flag) is False:
             arch = getattr(ctx.model_config, "model_type", "this model")
             return f"{self.label()} needs a model class that supports it ({self.model_flag}); found: {arch} does not"
         return None
@@ -41,13 +43,45 @@ class AttentionBackend(Technique):
         load.kwargs["attn_implementation"] = self.impl
 
     def verify_loaded(self, model: Any) -> str | None:
-        actual = getattr(model.config, "_attn_implementation", None)
+        actual = attention_implementation(model.config)
         if actual != self.impl:
             return f"{self.label()} was requested but the loaded model uses attention {actual!r}"
         return None
 
+    @contextlib.contextmanager
+    def observe(self, model: Any, evidence: RunEvidence) -> Iterator[None]:
+        """Count the calls of every attention function transformers dispatches to, and of the attention
+        modules; inside a compiled graph the counters would not run, so a compiled run is not observed."""
+        if evidence.compiled:
+            yield
+            return
+        counts = evidence.attention_backend_calls if evidence.attention_backend_calls is not None else {}
+        module_calls = [0]
+
+        def counted(key: str, function: Callable[..., Any]) -> Callable[..., Any]:
+            counts.setdefault(key, 0)
+
+            def counting(*args: Any, **kwargs: Any) -> Any:
+                counts[key] += 1
+                return function(*args, **kwargs)
+
+            return counting
+
+        def hook(*_: Any) -> None:
+            module_calls[0] += 1
+
+        handles = [m.register_forward_hook(hook) for m in model.modules() if type(m).__name__.endswith("Attention")]
+        try:
+            with attention_functions_wrapped(counted):
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+            evidence.attention_backend_calls = counts
+            evidence.attention_module_calls += module_calls[0]
+
     def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
-        if evidence.attention_backend_calls is None:  # not observable (e.g. inside a compiled graph)
+        if evidence.attention_backend_calls is None:  # not observed (e.g. inside a compiled graph)
             return None
         if evidence.attention_module_calls == 0:
             return f"{self.label()}: no attention module ran during generation"
@@ -126,7 +160,10 @@ class HubKernelAttention(AttentionBackend):
     summary = "an attention kernel from the Hub through the kernels library (give its repo id)"
     requirement = "the kernels package in the version window transformers demands, a CUDA GPU, the kernel cached locally"
     accepted_params = {"repo_id": "the kernel's Hub id, e.g. 'kernels-community/flash-attn2'"}
+    example_params = {"repo_id": "kernels-community/flash-attn2"}
     docs = f"{DOCS}/kernel_doc/overview"
+    docs_title = "Kernels"
+    overview_section = "Kernels"
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -136,7 +173,7 @@ class HubKernelAttention(AttentionBackend):
 
     @property
     def impl(self) -> str:
-        return self.params["repo_id"]
+        return str(self.params["repo_id"])
 
     def label(self) -> str:
         return self.impl
@@ -151,7 +188,7 @@ class HubKernelAttention(AttentionBackend):
         return f"{self.impl} needs {problem}" if problem else None
 
     def verify_loaded(self, model: Any) -> str | None:
-        actual = str(getattr(model.config, "_attn_implementation", ""))
+        actual = str(attention_implementation(model.config) or "")
         if self.impl not in actual:
             return f"{self.impl} was requested but the loaded model uses attention {actual!r}"
         return None

@@ -75,9 +75,11 @@ class RunEvidence:
     """What one verified generation left behind, for the proof that each technique took effect."""
 
     cache: Any = None  # the cache object generate() used
+    compiled: bool = False  # the forward ran under torch.compile: hooks inside its graph observe nothing
     attention_module_calls: int = 0
     attention_backend_calls: dict[str, int] | None = None  # None: not observed (e.g. compiled)
     compiled_calls: int = 0
+    kernel_forward_calls: int = 0  # calls of a local kernel's layer forwards (kernels(local=...))
     used_generate_batch: bool = False
     finished_requests: int = 0
     requested: int = 0
@@ -93,9 +95,17 @@ class Technique:
     summary: ClassVar[str] = ""
     requirement: ClassVar[str] = "nothing beyond transformers and torch"
     docs: ClassVar[str] = "https://huggingface.co/docs/transformers/main/en/optimization_overview"
+    docs_title: ClassVar[str | None] = None  # the title of the ``docs`` page, for citing it
+    overview_section: ClassVar[str | None] = None  # the section of the optimization overview that covers it
+    min_capability: ClassVar[tuple[int, int] | None] = None  # the lowest CUDA compute capability it runs on
+    package: ClassVar[str | None] = None  # the distribution it needs beyond transformers and torch
     quality: str = LOSSLESS  # a similarity class; an instance may set its own from its parameters
     exclusive_group: ClassVar[str | None] = None  # at most one technique of a group per configuration
     load_time: ClassVar[bool] = False  # part of the loaded model's identity (attention, quantization)
+    compiled: ClassVar[bool] = False  # generation runs a torch.compile'd forward
+    runs_in_subprocesses: ClassVar[bool] = False  # generation runs in torchrun workers, not in the test's process
+    compares_tokens_only: ClassVar[bool] = False  # generation returns tokens, no distributions (no KL budgets)
+    example_params: ClassVar[dict[str, Any]] = {}  # parameters to probe the class with when no test names any
     accepted_params: ClassVar[dict[str, str]] = {}  # name -> description, for errors and --opt-techniques
 
     def __init__(self, **params: Any) -> None:
@@ -133,8 +143,19 @@ class Technique:
         """Change the model right after ``from_pretrained``, inside the load's time and memory (e.g. swap
         in kernels); raise to fail the test."""
 
+    def prepare_generation(self, model: Any, gen: GenerationSettings) -> str | None:
+        """Ready ``model`` for a run of this configuration, before its clock starts (e.g. install a compiled
+        forward); returns the long one-time work its first generate call will do (a phrase for the terminal,
+        e.g. "compiling with torch.compile"), or None."""
+        return None
+
     def around_generate(self, model: Any) -> ContextManager[Any]:
         """A context entered around every generate call of this configuration (flags, hooks, profilers)."""
+        return contextlib.nullcontext()
+
+    def observe(self, model: Any, evidence: RunEvidence) -> ContextManager[Any]:
+        """A context entered around each generate call of a verified run (never a timed one): record into
+        ``evidence`` what ``verify_run`` needs to see that the technique ran (counters, spies)."""
         return contextlib.nullcontext()
 
     def verify_loaded(self, model: Any) -> str | None:
@@ -148,10 +169,6 @@ class Technique:
     def conflicts_with(self, other: "Technique") -> str | None:
         """Why the two cannot be stacked (beyond sharing an exclusive group)."""
         return None
-
-    @classmethod
-    def describe(cls) -> str:
-        return cls.summary
 
 
 class TechniqueRegistry:
@@ -233,23 +250,6 @@ def check_stack(stack: list[Technique], where: str = "optimization marker") -> N
 # ---------------------------------------------------------------- shared by the technique families
 DOCS = "https://huggingface.co/docs/transformers/main/en"
 HALF_DTYPES = ("float16", "bfloat16")
-
-
-def model_class(config: Any) -> Any:
-    """The causal-LM class transformers would instantiate for ``config`` (None when unknown)."""
-    if config is None:
-        return None
-    try:
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM._model_mapping[type(config)]
-    except Exception:
-        return None
-
-
-def model_flag(config: Any, flag: str) -> bool | None:
-    cls = model_class(config)
-    return None if cls is None else bool(getattr(cls, flag, False))
 
 
 def version_ok(installed: str | None, spec: str) -> bool:

@@ -21,7 +21,10 @@ class CacheTechnique(Technique):
     family = "caching"
     exclusive_group = "KV cache"
     cache_implementation: ClassVar[str] = ""
+    compileable: ClassVar[bool] = True  # False: a cache whose shapes change, which torch.compile cannot take
     docs = f"{DOCS}/kv_cache"
+    docs_title = "Cache strategies"
+    overview_section = "Caching"
 
     def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:
         gen.kwargs["cache_implementation"] = self.cache_implementation
@@ -29,11 +32,6 @@ class CacheTechnique(Technique):
     def cache_layers(self, evidence: RunEvidence) -> list[str]:
         layers = getattr(evidence.cache, "layers", None) or []
         return [type(layer).__name__ for layer in layers]
-
-    def conflicts_with(self, other: Technique) -> str | None:
-        if other.name == "continuous_batching":
-            return "continuous batching manages its own paged cache"
-        return None
 
 
 class StaticCacheTechnique(CacheTechnique):
@@ -79,6 +77,7 @@ class SlidingWindowCache(CacheTechnique):
 class OffloadedCacheTechnique(CacheTechnique):
     name = "offloaded_cache"
     cache_implementation = "offloaded"
+    compileable = False
     summary = "a dynamic KV cache offloaded to CPU memory, one layer on the GPU at a time"
     requirement = "a CUDA GPU (the cache is offloaded from GPU to CPU memory)"
 
@@ -96,12 +95,14 @@ class OffloadedCacheTechnique(CacheTechnique):
 class OffloadedStaticCache(OffloadedCacheTechnique):
     name = "offloaded_static_cache"
     cache_implementation = "offloaded_static"
+    compileable = True
     summary = "a static KV cache offloaded to CPU memory"
 
 
 class QuantizedCacheTechnique(CacheTechnique):
     name = "quantized_cache"
     cache_implementation = "quantized"
+    compileable = False
     quality = WEIGHTS_8BIT  # at nbits >= 4; fewer bits are set to LOSSY_4BIT below
     summary = "a KV cache quantized to nbits (quanto or hqq backend)"
     requirement = "optimum-quanto (backend='quanto') or hqq (backend='hqq')"
@@ -141,6 +142,3 @@ class QuantizedCacheTechnique(CacheTechnique):
         if not layers or not all(expected in name for name in layers):
             return f"{self.label()} was requested but the cache layers were {sorted(set(layers))}"
         return None
-
-
-# --- weight quantization ----------------------------------------------------------------------------

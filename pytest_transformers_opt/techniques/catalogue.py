@@ -1,4 +1,4 @@
-"""The built-in technique catalogue (SPEC.md, section Techniques).
+"""The built-in technique catalogue (the README's Techniques section describes each).
 
 Each class states what it needs (``probe``), what it sets (``configure_*``), how it proves that it
 ran (``verify_*``), how lossy it is (``quality``) and where it is documented (``docs``).

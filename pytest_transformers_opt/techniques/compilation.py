@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Callable, Iterator
 
+from ..compat import compile_on_all_devices, compiled_forward, set_compiled_forward
 from .base import DOCS, GenerationSettings, ProbeContext, RunEvidence, Technique
+from .caches import CacheTechnique
+
+
+class CountedForward:
+    """transformers' compiled forward, wrapped to count its calls (the proof that it ran); made for one
+    configuration's ``CompileConfig`` (``owner``), so another configuration on the same model compiles its own."""
+
+    def __init__(self, forward: Callable[..., Any], owner: Any) -> None:
+        self.forward, self.owner, self.calls = forward, owner, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.forward(*args, **kwargs)
 
 
 class Compile(Technique):
     name = "compile"
     family = "compilation"
+    compiled = True
     summary = "a static cache and torch.compile of the forward pass, on every device"
     requirement = "a compileable cache (static); on CPU a C++ compiler for inductor"
     docs = f"{DOCS}/llm_optims#static-kv-cache-and-torchcompile"
+    docs_title = "Optimizing inference > Static kv-cache and torch.compile"
+    overview_section = "Compilation"
     accepted_params = {"mode": "torch.compile mode, e.g. 'reduce-overhead'", "fullgraph": "bool",
                        "dynamic": "bool or None"}
 
@@ -29,12 +47,38 @@ class Compile(Technique):
 
         options = {k: v for k, v in self.params.items()}
         compile_config = CompileConfig(**options)
-        # transformers compiles only on CUDA-like devices unless told; the plugin compiles everywhere.
-        setattr(compile_config, "_compile_all_devices", True)  # transformers' own switch for this
+        compile_on_all_devices(compile_config)  # the plugin compiles on every device, CPU included
         gen.kwargs["compile_config"] = compile_config
         gen.kwargs["disable_compile"] = False
         gen.kwargs.setdefault("cache_implementation", "static")
         gen.compile = True
+
+    def prepare_generation(self, model: Any, gen: GenerationSettings) -> str | None:
+        """Pre-create transformers' compiled forward for this configuration, wrapped to count its calls;
+        a new one compiles on its first call (seconds to minutes)."""
+        import torch
+
+        config = gen.kwargs["compile_config"]
+        current = compiled_forward(model)
+        if isinstance(current, CountedForward) and current.owner is config:
+            return None
+        set_compiled_forward(model, CountedForward(torch.compile(model.__call__, **config.to_dict()), config), config)
+        return "compiling with torch.compile"
+
+    @contextlib.contextmanager
+    def observe(self, model: Any, evidence: RunEvidence) -> Iterator[None]:
+        forward = compiled_forward(model)
+        before = forward.calls if isinstance(forward, CountedForward) else 0
+        try:
+            yield
+        finally:
+            after = forward.calls if isinstance(forward, CountedForward) else 0
+            evidence.compiled_calls += after - before
+
+    def compiled_calls(self, model: Any) -> int:
+        """Calls of the compiled forward this technique installed on ``model`` (0 when none is installed)."""
+        forward = compiled_forward(model)
+        return forward.calls if isinstance(forward, CountedForward) else 0
 
     def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
         if evidence.compiled_calls <= 0:
@@ -42,9 +86,6 @@ class Compile(Technique):
         return None
 
     def conflicts_with(self, other: Technique) -> str | None:
-        if other.name in ("quantized_cache", "offloaded_cache"):
+        if isinstance(other, CacheTechnique) and not other.compileable:
             return "torch.compile needs a compileable (static) cache"
         return None
-
-
-# --- caches ---------------------------------------------------------------------------------------

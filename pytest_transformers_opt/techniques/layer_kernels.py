@@ -69,6 +69,9 @@ class Kernels(Technique):
     requirement = ("the kernels package in the version window transformers demands; hub kernels: a CUDA GPU and "
                    "the kernels cached locally; local=: a build of the kernel for this device (torch-cpu on cpu)")
     docs = f"{DOCS}/kernel_doc/overview"
+    docs_title = "Kernels"
+    overview_section = "Kernels"
+    package = "kernels"
     accepted_params = {"local": "path of a local kernel repository (build/<variant>/metadata.json + package), "
                                 "absolute or relative to the current directory",
                        "layers": "{transformers layer name: layer class in the kernel's `layers` module}, "
@@ -80,7 +83,6 @@ class Kernels(Technique):
 
         self._root: Path | None = None
         self._layers: dict[str, str] = {}
-        self._last_calls: int | None = None  # kernel forward calls in the latest generate (local=)
         if "layers" in params and "local" not in params:
             raise OptConfigError("technique kernels: layers= names layers of a local kernel; give local= too "
                                  "(hub kernels use transformers' own mapping)")
@@ -132,7 +134,7 @@ class Kernels(Technique):
         return None
 
     @contextlib.contextmanager
-    def around_generate(self, model: Any) -> Iterator[None]:
+    def observe(self, model: Any, evidence: RunEvidence) -> Iterator[None]:
         from .local_kernels import count_kernel_calls, kernel_forwards
 
         forwards = kernel_forwards(model)
@@ -144,7 +146,7 @@ class Kernels(Technique):
             with count_kernel_calls(model, forwards, calls):
                 yield
         finally:
-            self._last_calls = calls[0]
+            evidence.kernel_forward_calls += calls[0]
 
     def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
         if self._root is None:
@@ -155,10 +157,7 @@ class Kernels(Technique):
         missing = fallback_layers(model, forwards)
         if not forwards or missing:
             return f"{self._what()}: these layers do not run the kernel's forward: {', '.join(missing) or 'all'}"
-        if not self._last_calls and not evidence.compiled_calls:  # inside a compiled graph calls are not seen
+        if not evidence.kernel_forward_calls and not evidence.compiled_calls:  # inside a compiled graph calls are not seen
             return (f"{self._what()}: the kernel's layers ({', '.join(sorted(self._layers.values()))}) never ran "
                     f"during generation")
         return None
-
-
-# --- compilation ----------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..compat import kernelized_functions
 from ..errors import OptConfigError
 
 # Noarch build folders that run on any CPU (kernel-builder's names).
@@ -150,7 +151,8 @@ class LocalLayer:
     def __init__(self, root: Path, layer_name: str, device_type: str) -> None:
         self.root, self.layer_name, self.device_type = root, layer_name, device_type
 
-    def load(self) -> type:
+    def load(self) -> Any:
+        """The kernel's layer class (a ``torch.nn.Module`` subclass with the kernel's ``forward``)."""
         from kernels import get_local_kernel
 
         kernel = get_local_kernel(self.root, backend=_backend(self.device_type))
@@ -188,7 +190,7 @@ def kernel_targets(model: Any) -> Iterator[tuple[str, Any]]:
 def _function_kernels(model: Any) -> set[str]:
     """Names of the functions attached with ``use_kernelized_func`` (e.g. Llama's 'rotary_pos_emb')."""
     return {str(getattr(type(f), "kernel_layer_name", "")) for m in model.modules()
-            for f in getattr(m, "_kernel_funcs", {}).values()}
+            for f in kernelized_functions(m).values()}
 
 
 @contextlib.contextmanager

@@ -60,10 +60,13 @@ class TensorParallel(Technique):
     name = "tensor_parallel"
     family = "parallelism"
     load_time = True
+    runs_in_subprocesses = True  # the plugin launches torchrun; its workers load and generate
     summary = "tensor parallelism through torch.distributed (the plugin launches torchrun; gloo on CPU)"
     requirement = "N CUDA devices (tp_size=N) or, on CPU, torch.distributed with gloo; a model with a tp_plan"
     accepted_params = {"tp_size": "number of processes/devices, int >= 2"}
     docs = f"{DOCS}/perf_infer_gpu_multi"
+    docs_title = "Tensor parallelism"
+    overview_section = "Parallelism"
 
     def __init__(self, **params: Any) -> None:
         params.setdefault("tp_size", 2)
@@ -82,6 +85,3 @@ class TensorParallel(Technique):
         if other.family in ("caching", "compilation", "continuous_batching"):
             return "the torchrun workers run plain greedy generate() with the attention backend only"
         return None
-
-
-# Continuous batching sized by its workload (see ``size_continuous_batching``).

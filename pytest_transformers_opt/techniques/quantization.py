@@ -22,6 +22,8 @@ class WeightQuantization(Technique):
     exclusive_group = "weight quantization"
     load_time = True
     docs = f"{DOCS}/quantization/overview"
+    docs_title = "Quantization"
+    overview_section = "Quantization"
     layer_class_names: ClassVar[tuple[str, ...]] = ()
 
     def verify_loaded(self, model: Any) -> str | None:
@@ -34,6 +36,8 @@ class WeightQuantization(Technique):
 class _Bnb(WeightQuantization):
     requirement = "bitsandbytes >= 0.45 (0.50 has a CPU backend; older releases need CUDA)"
     docs = f"{DOCS}/quantization/bitsandbytes"
+    docs_title = "Quantization > bitsandbytes"
+    package = "bitsandbytes"
 
     def probe(self, ctx: ProbeContext) -> str | None:
         installed = ctx.hardware.version("bitsandbytes")
@@ -100,6 +104,7 @@ class QuantoInt8(_ModuleQuantization):
     package, module = "optimum-quanto", "optimum.quanto"
     layer_class_names = ("QLinear",)
     docs = f"{DOCS}/quantization/quanto"
+    docs_title = "Quantization > Optimum Quanto"
 
     def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
         from transformers import QuantoConfig
@@ -114,6 +119,7 @@ class HqqFourBit(_ModuleQuantization):
     package, module = "hqq", "hqq"
     layer_class_names = ("HQQLinear",)
     docs = f"{DOCS}/quantization/hqq"
+    docs_title = "Quantization > HQQ"
 
     def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
         from transformers import HqqConfig
@@ -127,9 +133,10 @@ class TorchaoInt8(_ModuleQuantization):
     summary = "int8 weight-only quantization through torchao"
     package, module = "torchao", "torchao"
     docs = f"{DOCS}/quantization/torchao"
+    docs_title = "Quantization > torchao"
 
     def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
-        from torchao.quantization import Int8WeightOnlyConfig  # type: ignore[import-not-found]
+        from torchao.quantization import Int8WeightOnlyConfig  # type: ignore[import-not-found, unused-ignore]  # torchao is optional: absent in most environments
         from transformers import TorchAoConfig
 
         load.kwargs["quantization_config"] = TorchAoConfig(quant_type=Int8WeightOnlyConfig())
@@ -137,6 +144,3 @@ class TorchaoInt8(_ModuleQuantization):
     def verify_loaded(self, model: Any) -> str | None:
         quantized = [m for m in model.modules() if type(getattr(m, "weight", None)).__name__.endswith(("Tensor", "QuantizedTensor")) and type(m.weight).__name__ != "Parameter"]
         return None if quantized else "torchao_int8 was requested but no weight is a torchao quantized tensor"
-
-
-# --- parallelism and batching ---------------------------------------------------------------------

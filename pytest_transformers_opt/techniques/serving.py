@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import OptConfigError
 from .base import DOCS, GenerationSettings, ProbeContext, RunEvidence, Technique
+from .caches import CacheTechnique
 
 CB_BLOCK_MARGIN = 1.25  # headroom over the exact need: a scheduler that rounds up, a request that spills a block
 CB_MAX_DERIVED_BATCH_TOKENS = 2048  # past it chunked prefill splits the prompts; the attention mask grows as its square
@@ -45,6 +46,7 @@ class ContinuousBatching(Technique):
 
     name = "continuous_batching"
     family = "continuous_batching"
+    compares_tokens_only = True  # generate_batch() returns tokens, not the logits KL needs
     summary = "generate_batch() with dynamic scheduling and chunked prefill"
     requirement = "transformers with generate_batch and ContinuousBatchingConfig"
     accepted_params = {"max_batch_tokens": "tokens per forward pass, int > 0 (default: from the prompts)",
@@ -53,6 +55,8 @@ class ContinuousBatching(Technique):
                        "max_memory_percent": "share of free memory the cache may take, 0..1",
                        "max_requests_per_batch": "int > 0"}
     docs = f"{DOCS}/continuous_batching"
+    docs_title = "Continuous batching"
+    overview_section = "Continuous batching"
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -82,6 +86,8 @@ class ContinuousBatching(Technique):
         return None
 
     def conflicts_with(self, other: Technique) -> str | None:
-        if other.name == "compile":
+        if other.compiled:
             return "generate_batch() does not take the compile technique's static cache"
+        if isinstance(other, CacheTechnique):
+            return "continuous batching manages its own paged cache"
         return None

@@ -1,1 +1,2 @@
-"""The verdict: results, similarity to the baseline, budgets, statistics, stored baselines."""
+"""The verdict: the opt_bench measurement (bench.py), results, similarity to the baseline, budgets, statistics,
+stored baselines."""

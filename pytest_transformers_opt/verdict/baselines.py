@@ -28,18 +28,17 @@ import math
 import os
 import re
 import shlex
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from ..errors import OptConfigError
 from ..files import JsonProblem, parse_json, read_limited, write_atomic
 from .similarity import NEAR_TIE_LOGPROB_GAP, PREFIX_ONLY_NOTE, Similarity, common_prefix, compare_runs, diverged
 
-try:  # POSIX; elsewhere writes are still atomic, only not serialised between processes
+if sys.platform != "win32":  # POSIX; on Windows writes are still atomic, only not serialised between processes
     import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from .results import SideMetrics
@@ -72,7 +71,8 @@ def _workload_identity(workload: Any) -> dict[str, Any]:
     Accepts a mapping (``Workload.to_dict()`` or a plain dict) or a ``Workload``; rounds and warm-up
     are ignored, as in ``Workload.key()``.
     """
-    get = workload.get if isinstance(workload, Mapping) else (lambda name: getattr(workload, name, None))
+    get: Callable[[str], Any] = (workload.get if isinstance(workload, Mapping)
+                                 else (lambda name: getattr(workload, name, None)))
     prompts, max_new_tokens, batch_size = get("prompts"), get("max_new_tokens"), get("batch_size")
     if (not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, str) for p in prompts)
             or not _is_int(max_new_tokens) or not _is_int(batch_size)):
@@ -341,7 +341,7 @@ class StoredBaseline:
         """The stored measurements and texts as a ``SideMetrics`` (for ``OptResult.baseline``)."""
         from .results import SideMetrics
 
-        known = {n: v for n, v in self.measurements.items() if n in MEASUREMENT_FIELDS and v is not None}
+        known: dict[str, Any] = {n: v for n, v in self.measurements.items() if n in MEASUREMENT_FIELDS and v is not None}
         for name in ("peak_memory_bytes", "tokens_generated", "rounds"):
             if name in known:
                 known[name] = int(known[name])
@@ -395,7 +395,8 @@ def _validated(data: dict[str, Any], bad: Any) -> dict[str, Any]:
         need(name, isinstance(data.get(name), str), "a string")
     need("revision", "revision" in data and optional_str(data["revision"]), "a string or null")
     need("dtype", "dtype" in data and optional_str(data["dtype"]), "a string or null")
-    techniques = data.get("baseline_techniques")
+    # each field is unchecked JSON (Any) until need() has vouched for it
+    techniques: Any = data.get("baseline_techniques")
     need("baseline_techniques", isinstance(techniques, list) and all(isinstance(t, str) for t in techniques),
          "a list of strings")
     try:
@@ -403,7 +404,8 @@ def _validated(data: dict[str, Any], bad: Any) -> dict[str, Any]:
     except OptConfigError:
         workload = None
     need("workload", workload is not None, "an object with prompts, max_new_tokens and batch_size")
-    tokens = data.get("tokens")
+    assert workload is not None  # need() raised otherwise
+    tokens: Any = data.get("tokens")
     need("tokens", isinstance(tokens, list) and all(isinstance(s, list) and all(_is_token_id(t) for t in s)
                                                     for s in tokens),
          f"a list (one per prompt) of lists of token ids (0 <= id < {MAX_TOKEN_ID})")
@@ -412,11 +414,11 @@ def _validated(data: dict[str, Any], bad: Any) -> dict[str, Any]:
     need("k", _is_int(k) and k >= 1, "an int >= 1")
     need("topk", "topk" in data, "a list (one per prompt) of per-step top-k entries, or null")
     topk = _validated_topk(data["topk"], tokens, k, bad)
-    measurements = data.get("measurements")
+    measurements: Any = data.get("measurements")
     need("measurements", isinstance(measurements, dict)
          and all(v is None or _is_number(v) for v in measurements.values()), "an object of numbers (or nulls)")
     need("environment", isinstance(data.get("environment"), dict), "an object")
-    texts = data.get("texts", [])
+    texts: Any = data.get("texts", [])
     need("texts", isinstance(texts, list) and all(isinstance(t, str) for t in texts), "a list of strings")
     return {
         "key": data["key"], "model": data["model"], "revision": data["revision"], "dtype": data["dtype"],
@@ -520,7 +522,7 @@ class BaselineStore:
     @contextlib.contextmanager
     def _locked(self, path: Path) -> Iterator[None]:
         """An exclusive ``flock`` on ``.<file>.lock`` (kept: deleting a lock file races with its waiters)."""
-        if fcntl is None:  # pragma: no cover - Windows
+        if sys.platform == "win32":  # pragma: no cover - no fcntl
             yield
             return
         fd = os.open(self.lock_path(path), os.O_RDWR | os.O_CREAT, 0o666)
@@ -571,8 +573,9 @@ def similarity_against_stored(stored: StoredBaseline, optimized_tokens: list[lis
     if len(optimized_logprobs) != len(optimized_tokens):
         raise ValueError(f"{len(optimized_tokens)} optimized sequences but {len(optimized_logprobs)} log-probability tensors")
     forced = forced_logprobs is not None
-    if forced and len(forced_logprobs) != len(stored.tokens):  # type: ignore[arg-type]
-        raise ValueError(f"{len(stored.tokens)} stored sequences but {len(forced_logprobs)} forced log-probability tensors")  # type: ignore[arg-type]
+    if forced_logprobs is not None and len(forced_logprobs) != len(stored.tokens):
+        raise ValueError(f"{len(stored.tokens)} stored sequences but {len(forced_logprobs)} forced log-probability tensors")
+    source = forced_logprobs if forced_logprobs is not None else optimized_logprobs
     kls: list[float] = []
     agreements: list[float] = []
     ties: list[bool] = []
@@ -580,8 +583,7 @@ def similarity_against_stored(stored: StoredBaseline, optimized_tokens: list[lis
     for index, (base_seq, opt_seq) in enumerate(zip(stored.tokens, optimized_tokens)):
         prefix = common_prefix(base_seq, opt_seq)
         stored_steps = stored.topk[index]
-        source = forced_logprobs if forced else optimized_logprobs
-        opt_lp = torch.as_tensor(source[index]).detach().to("cpu", torch.float64)  # type: ignore[index]
+        opt_lp = torch.as_tensor(source[index]).detach().to("cpu", torch.float64)
         # forced: every stored position has the stored context; free: up to the first divergent step
         steps = min(len(stored_steps) if forced else prefix + 1, len(stored_steps), opt_lp.shape[0])
         if steps == 0:

@@ -22,6 +22,7 @@ from .baselines import (BaselineStore, StoredBaseline, baseline_key, hardware_fi
                         similarity_against_stored)
 from .budgets import BORDERLINE, SPEED_BUDGETS, check_budgets, format_checks
 from .decode_efficiency import decode_estimates
+from ..compat import compiled_graph_count
 from ..errors import OptConfigError, OptProofError
 from ..engine.generation import GenerationRun, run_generation
 from ..engine.loading import ModelRequest
@@ -33,7 +34,8 @@ from .similarity import compare_runs, diverged, forced_run_note
 from ..units import parse_non_negative_int, shown
 
 if TYPE_CHECKING:
-    from ..session import OptSession, TestPlan
+    from ..plan import TestPlan
+    from ..session import OptSession
 
 DEFAULT_MAX_NEW_TOKENS = 24
 MAX_ROUNDS = 1000  # measured rounds per side: more only burns CI time (the medians settle long before)
@@ -89,15 +91,6 @@ def warm_until_stable(run_round: Callable[[], Any], minimum: int, maximum: int,
         if len(rounds) >= minimum and len(history) >= 2 and rounds_agree(history[-2], history[-1], tolerance):
             break
     return rounds
-
-
-def _dynamo_graphs() -> int:
-    try:
-        from torch._dynamo.utils import counters
-
-        return int(counters["stats"]["unique_graphs"])
-    except Exception:
-        return 0
 
 
 def build_workload(session: "OptSession", opt: OptModel, prompts: Any, max_new_tokens: Any, batch_size: Any,
@@ -241,8 +234,17 @@ def _stored_context(session: "OptSession", plan: "TestPlan", workload: Workload)
 MEASURE_ANNOUNCE_AFTER_S = 20.0  # then a line every progress.HEARTBEAT_S: no silence over 30 s
 
 
+@dataclass
+class Measurement:
+    """What run_bench measured, and how to measure the same interleaved rounds again (confirm-on-failure;
+    None where the sides cannot take turns): kept off the public ``OptResult``."""
+
+    result: OptResult
+    remeasure: Callable[[], OptResult] | None = None
+
+
 def run_bench(session: "OptSession", plan: "TestPlan", get_base: Callable[[], OptModel], opt: OptModel,
-              workload: Workload) -> OptResult:
+              workload: Workload) -> Measurement:
     """Measure, compare and record; the caller checks the budgets.
 
     The baseline model is loaded only when it is needed: a stored baseline measured on this very
@@ -254,7 +256,7 @@ def run_bench(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Op
 
 
 def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], OptModel], opt: OptModel,
-             workload: Workload, work: Work) -> OptResult:
+             workload: Workload, work: Work) -> Measurement:
     def once(side: OptModel, **kwargs: Any) -> GenerationRun:
         try:
             return run_generation(side, workload.prompts, workload.max_new_tokens, batch_size=workload.batch_size,
@@ -272,10 +274,11 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
     if stored_ctx and stored is None and stored_ctx.why_not:
         notes.append(stored_ctx.why_not)
     base: OptModel | None = None
-    if stored is None or not stored_ctx.measurements_ok:  # type: ignore[union-attr]
+    if stored_ctx is None or stored is None or not stored_ctx.measurements_ok:
         base = get_base()
     if opt.tensor_parallel_size:
-        return _run_tensor_parallel_bench(session, plan, get_base() if base is None else base, opt, workload, once)
+        return Measurement(_run_tensor_parallel_bench(session, plan, get_base() if base is None else base, opt,
+                                                      workload, once))
 
     base_timings, opt_timings = Timings(), Timings()
     minimum, maximum = warmup_bounds(workload.warmup, opt.generation.compile, session.hardware.is_cuda)
@@ -296,7 +299,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
     work.status = "reference and verification runs"
     reference, base_memory = _reference_run(session, base, workload) if base is not None else (None, None)
     with track_peak_memory(opt.device) as opt_memory:
-        verification = once(opt, keep_logits=True, spy=True)
+        verification = once(opt, keep_logits=True, observe=True)
     for technique in opt.techniques:
         problem = technique.verify_run(opt.model, verification.evidence)
         if problem:
@@ -307,47 +310,51 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
     if stored is not None:
         target = stored.tokens if stored.topk is not None else None  # a tokens-only store has no KL to measure
     else:
-        target = reference.tokens  # type: ignore[union-attr]
+        assert reference is not None  # no stored baseline, so the baseline model was loaded and run
+        target = reference.tokens
     forced = None
     if target is not None and verification.logprobs is not None and len(target) == len(verification.tokens) \
             and diverged(target, verification.tokens):
         work.status = "forced run (the baseline's tokens)"
         forced = once(opt, force_tokens=target).logprobs
         notes.append(forced_run_note(len(target), workload.max_new_tokens))
-    if stored is not None:
+    if stored_ctx is not None and stored is not None:  # stored comes from stored_ctx
         similarity = similarity_against_stored(stored, verification.tokens, verification.logprobs,
                                                workload.max_new_tokens, forced)
-        notes.append(f"similarity against the stored baseline {stored_ctx.store.path_for(stored_ctx.key)}"  # type: ignore[union-attr]
+        notes.append(f"similarity against the stored baseline {stored_ctx.store.path_for(stored_ctx.key)}"
                      f" (KL is a lower bound from its top-{stored.k})")
-        if not stored_ctx.measurements_ok:  # type: ignore[union-attr]
-            notes.append(stored_ctx.why_not)  # type: ignore[union-attr]
+        if not stored_ctx.measurements_ok:
+            notes.append(stored_ctx.why_not)
         else:
             notes.append("baseline speed and memory from the stored baseline (same hardware fingerprint); "
                          "speedup compares against its medians, not interleaved rounds")
     else:
-        similarity = compare_runs(reference.tokens, verification.tokens, workload.max_new_tokens,  # type: ignore[union-attr]
-                                  reference.logprobs, verification.logprobs, forced)  # type: ignore[union-attr]
+        assert reference is not None  # no stored baseline, so the baseline model was loaded and run
+        similarity = compare_runs(reference.tokens, verification.tokens, workload.max_new_tokens,
+                                  reference.logprobs, verification.logprobs, forced)
 
     recompiles: list[int] = []
 
     def timed_rounds() -> OptResult:
-        graphs_before = _dynamo_graphs()
+        graphs_before = compiled_graph_count()
         for index in range(workload.rounds):
             work.status = f"timed round {index + 1}/{workload.rounds}"
             sides = [s for s in ((base, opt) if index % 2 == 0 else (opt, base)) if s is not None]
             for side in sides:
                 run = once(side)
                 (base_timings if side is base else opt_timings).rounds.append(run.timing)
-        recompiles.append(_dynamo_graphs() - graphs_before)
+        recompiles.append(compiled_graph_count() - graphs_before)
         compile_time = None
         if opt.generation.compile and opt_timings.warmup_s:
             steady = statistics.median(r.total_s for r in opt_timings.rounds)
             compile_time = max(0.0, opt_timings.warmup_s[0] - steady)
         if base is not None:
-            baseline = _side(base_timings, peak=_peak(base, base_memory), load_time=base.loaded.load_time_s,  # type: ignore[arg-type]
-                             texts=reference.texts, memory=base_memory)  # type: ignore[union-attr]
+            assert reference is not None and base_memory is not None  # the baseline model ran the reference
+            baseline = _side(base_timings, peak=_peak(base, base_memory), load_time=base.loaded.load_time_s,
+                             texts=reference.texts, memory=base_memory)
         else:
-            baseline = stored.side_metrics()  # type: ignore[union-attr]
+            assert stored is not None  # no baseline model: its figures come from the stored baseline
+            baseline = stored.side_metrics()
         optimized = _side(opt_timings, peak=_peak(opt, opt_memory), load_time=opt.loaded.load_time_s,
                           texts=verification.texts, memory=opt_memory, compile_time=compile_time,
                           recompiles=sum(recompiles) if opt.generation.compile else None)
@@ -358,15 +365,16 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
             similarity=similarity, workload=workload, techniques=plan.declared, baseline_techniques=plan.baseline.labels,
             model={"name_or_path": plan.marked.model.name_or_path, "revision": plan.marked.model.revision,
                    "dtype": plan.probe_context.dtype},
-            remeasure=timed_rounds, notes=list(notes), estimates=_decode_estimates(session, opt, workload, optimized),
+            notes=list(notes), estimates=_decode_estimates(session, opt, workload, optimized),
         )
 
     if maximum:
         warm_until_stable(warm_both, 1, maximum - minimum, previous=first)
     result = timed_rounds()
-    if session.settings.update_baselines and base is not None:
-        _save_baseline(session, plan, stored_ctx, reference, result)  # type: ignore[arg-type]
-    return result
+    # reference is set exactly when the baseline model ran; stored_ctx is never None when updating
+    if session.settings.update_baselines and stored_ctx is not None and reference is not None:
+        _save_baseline(session, plan, stored_ctx, reference, result)
+    return Measurement(result, remeasure=timed_rounds)
 
 
 def _save_baseline(session: "OptSession", plan: "TestPlan", ctx: StoredContext, reference: GenerationRun,
@@ -449,7 +457,7 @@ def _run_tensor_parallel_bench(session: "OptSession", plan: "TestPlan", base: Op
     )
 
 
-def judge_budgets(session: "OptSession", plan: "TestPlan", result: OptResult) -> OptResult:
+def judge_budgets(session: "OptSession", plan: "TestPlan", measured: Measurement) -> OptResult:
     """Check the budgets (none in ``off`` mode).
 
     A failed timing budget is confirmed first: the same number of interleaved rounds again, judged
@@ -457,6 +465,7 @@ def judge_budgets(session: "OptSession", plan: "TestPlan", result: OptResult) ->
     ``min_speedup`` that is below its limit but not significantly so gets the same extra rounds, so
     a real slowdown hidden by noise in the first rounds is still caught.
     """
+    result = measured.result
     if session.settings.budgets == "off":
         result.budgets = []
         return result
@@ -464,8 +473,8 @@ def judge_budgets(session: "OptSession", plan: "TestPlan", result: OptResult) ->
     # below the speed limit but not significantly so: more rounds decide, in either direction
     borderline = any(c.name == "min_speedup" and c.ok and (c.note or "").startswith(BORDERLINE)
                      for c in result.budgets)
-    if (set(result.failed_budgets) & set(SPEED_BUDGETS) or borderline) and result.remeasure is not None:
-        result = result.remeasure()
+    if (set(result.failed_budgets) & set(SPEED_BUDGETS) or borderline) and measured.remeasure is not None:
+        result = measured.remeasure()
         result.confirmed = True
         result.budgets = check_budgets(result, plan.budgets)
     return result

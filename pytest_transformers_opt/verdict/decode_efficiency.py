@@ -18,7 +18,7 @@ def weight_bytes_read_per_step(model: Any) -> int:
     """Bytes of the weights one decode step reads: every parameter in its stored format (a 4-bit
     packed tensor counts its packed bytes), except an input embedding table that is not tied to the
     output head (a step gathers only a few of its rows)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    total: int = sum(p.numel() * p.element_size() for p in model.parameters())
     embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head is not None and getattr(head, "weight", None) is getattr(embeddings, "weight", object())
     if embeddings is not None and not tied:
@@ -29,11 +29,12 @@ def weight_bytes_read_per_step(model: Any) -> int:
 def kv_bytes_read_per_step(config: Any, *, batch_size: int, context_tokens: float, element_bytes: float) -> int:
     """Keys and values of every layer over ``context_tokens`` positions (capped by a sliding window)."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layers = getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "n_layer", 0)
-    heads = getattr(text_config, "num_attention_heads", None) or getattr(text_config, "n_head", 1)
-    kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
-    hidden = getattr(text_config, "hidden_size", None) or getattr(text_config, "n_embd", 0)
-    head_dim = getattr(text_config, "head_dim", None) or hidden // heads
+    # 0 stands for "not set" (as None would): the `or` falls through to GPT-2's name or the default
+    layers: int = getattr(text_config, "num_hidden_layers", 0) or getattr(text_config, "n_layer", 0)
+    heads: int = getattr(text_config, "num_attention_heads", 0) or getattr(text_config, "n_head", 1)
+    kv_heads: int = getattr(text_config, "num_key_value_heads", 0) or heads
+    hidden: int = getattr(text_config, "hidden_size", 0) or getattr(text_config, "n_embd", 0)
+    head_dim: int = getattr(text_config, "head_dim", 0) or hidden // heads
     window = getattr(text_config, "sliding_window", None)
     if isinstance(window, int) and window > 0:
         context_tokens = min(context_tokens, window)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .budgets import BudgetCheck
 from .similarity import Similarity
@@ -80,8 +80,6 @@ class OptResult:
     baseline_techniques: list[str]
     budgets: list[BudgetCheck] = field(default_factory=list)
     model: dict[str, Any] = field(default_factory=dict)
-    # measures more interleaved rounds and returns the updated result (confirm-on-failure)
-    remeasure: Callable[[], "OptResult"] | None = field(default=None, repr=False, compare=False)
     confirmed: bool = False  # a speed budget failed once and was measured again
     notes: list[str] = field(default_factory=list)  # how figures were obtained, where it differs
     estimates: dict[str, float] = field(default_factory=dict)  # modelled figures, never beside measured ones

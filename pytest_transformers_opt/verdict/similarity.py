@@ -89,14 +89,15 @@ def compare_runs(baseline_tokens: list[list[int]], optimized_tokens: list[list[i
         result.near_tie = False
         return result
     forced = forced_logprobs is not None
-    if forced and len(forced_logprobs) != len(baseline_tokens):  # type: ignore[arg-type]
-        raise ValueError(f"baseline has {len(baseline_tokens)} sequences, forced run {len(forced_logprobs)}")  # type: ignore[arg-type]
+    if forced_logprobs is not None and len(forced_logprobs) != len(baseline_tokens):
+        raise ValueError(f"baseline has {len(baseline_tokens)} sequences, forced run {len(forced_logprobs)}")
+    source = forced_logprobs if forced_logprobs is not None else optimized_logprobs
     kls: list[float] = []
     agreements: list[float] = []
     ties: list[bool] = []
     for index, prefix in enumerate(prefixes):
         base_lp = baseline_logprobs[index].double()
-        opt_lp = (forced_logprobs if forced else optimized_logprobs)[index].double()  # type: ignore[index]
+        opt_lp = source[index].double()
         # forced: every position has the baseline's context; free: up to the first divergent step
         steps = min(base_lp.shape[0] if forced else prefix + 1, base_lp.shape[0], opt_lp.shape[0])
         if steps == 0:

@@ -6,11 +6,13 @@ import json
 import statistics
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 from pytest_benchmark.stats import Stats
 
+from pytest_transformers_opt.compat import benchmark_storage
 from pytest_transformers_opt.report.benchmark_export import side_name
 
 USER_TESTS = '''
@@ -46,32 +48,33 @@ def _saved_runs(root: Path) -> list[Path]:
 
 
 def test_two_benchmarks_per_test_in_json_and_autosave(run_user, pytester):
-    run = run_user(USER_TESTS, "--opt-rounds=3", "--benchmark-json=bench.json", "--benchmark-autosave")
+    run = run_user(USER_TESTS, "--opt-rounds=3", "--benchmark-json=benchmark.json", "--benchmark-autosave")
     run.result.assert_outcomes(passed=2, skipped=1)
-    benches = _benchmarks(pytester.path / "bench.json")
-    assert sorted(benches) == ["test_user.py::test_sdpa[baseline]", "test_user.py::test_sdpa[optimized]",
+    benchmarks = _benchmarks(pytester.path / "benchmark.json")
+    assert sorted(benchmarks) == ["test_user.py::test_sdpa[baseline]", "test_user.py::test_sdpa[optimized]",
                                "test_user.py::test_static[3-baseline]", "test_user.py::test_static[3-optimized]"]
-    for name, bench in benches.items():
-        side = bench["extra_info"]["opt_side"]
+    for name, benchmark in benchmarks.items():
+        side = benchmark["extra_info"]["opt_side"]
         entry = run.test(name.rpartition("::")[2].split("[")[0] + ("[3]" if "static" in name else ""))
         samples = entry[side]["latency_samples_s"]
         # the rounds themselves, with pytest-benchmark's own statistics of them
-        assert bench["stats"]["data"] == samples and bench["stats"]["rounds"] == len(samples) >= 3
+        assert benchmark["stats"]["data"] == samples and benchmark["stats"]["rounds"] == len(samples) >= 3
         expected = Stats()
         for sample in samples:
             expected.update(sample)
-        assert bench["stats"]["median"] == pytest.approx(expected.median) == pytest.approx(statistics.median(samples))
-        assert bench["stats"]["iqr"] == pytest.approx(expected.iqr)
-        assert bench["group"] == f"transformers-opt: {entry['nodeid']}"
-        assert bench["extra_info"]["techniques"] == (entry["techniques"] if side == "optimized"
+        assert benchmark["stats"]["median"] == pytest.approx(expected.median) \
+            == pytest.approx(statistics.median(samples))
+        assert benchmark["stats"]["iqr"] == pytest.approx(expected.iqr)
+        assert benchmark["group"] == f"transformers-opt: {entry['nodeid']}"
+        assert benchmark["extra_info"]["techniques"] == (entry["techniques"] if side == "optimized"
                                                      else entry["baseline_techniques"])
-        assert bench["extra_info"]["ttft_s"] == entry[side]["ttft_s"]
-        assert bench["extra_info"]["speedup"] == entry["speedup"]
-    assert benches["test_user.py::test_sdpa[optimized]"]["extra_info"]["similarity"]["token_match"] == 1.0
+        assert benchmark["extra_info"]["ttft_s"] == entry[side]["ttft_s"]
+        assert benchmark["extra_info"]["speedup"] == entry["speedup"]
+    assert benchmarks["test_user.py::test_sdpa[optimized]"]["extra_info"]["similarity"]["token_match"] == 1.0
     saved = _saved_runs(pytester.path)
     assert len(saved) == 1
-    assert _benchmarks(saved[0]).keys() == benches.keys()
-    run.result.stdout.fnmatch_lines(["*transformers-opt: Wrote benchmark data in: bench.json*",
+    assert _benchmarks(saved[0]).keys() == benchmarks.keys()
+    run.result.stdout.fnmatch_lines(["*transformers-opt: Wrote benchmark data in: benchmark.json*",
                                      "*transformers-opt: Saved benchmark data in:*.benchmarks*"])
 
 
@@ -90,9 +93,9 @@ def test_pytest_benchmark_compare_reads_two_saved_runs(run_user, pytester):
 
 
 def test_added_next_to_a_projects_own_benchmarks(run_user, pytester):
-    run = run_user(USER_TESTS + OWN_BENCHMARK, "--benchmark-json=bench.json")
+    run = run_user(USER_TESTS + OWN_BENCHMARK, "--benchmark-json=benchmark.json")
     run.result.assert_outcomes(passed=3, skipped=1)
-    names = [b["fullname"] for b in json.loads((pytester.path / "bench.json").read_text())["benchmarks"]]
+    names = [b["fullname"] for b in json.loads((pytester.path / "benchmark.json").read_text())["benchmarks"]]
     assert "test_user.py::test_own_benchmark" in names
     assert sorted(n for n in names if "[" in n) == ["test_user.py::test_sdpa[baseline]",
                                                       "test_user.py::test_sdpa[optimized]",
@@ -105,11 +108,11 @@ def test_added_next_to_a_projects_own_benchmarks(run_user, pytester):
 def test_complete_under_xdist(pytester):
     pytester.makepyfile(test_user=USER_TESTS)
     result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "--opt-rounds=2", "--opt-warmup=1",
-                                           "--benchmark-json=bench.json")
+                                           "--benchmark-json=benchmark.json")
     result.assert_outcomes(passed=2, skipped=1)
-    benches = _benchmarks(pytester.path / "bench.json")
-    assert len(benches) == 4
-    assert all(b["stats"]["rounds"] == 2 for b in benches.values())
+    benchmarks = _benchmarks(pytester.path / "benchmark.json")
+    assert len(benchmarks) == 4
+    assert all(b["stats"]["rounds"] == 2 for b in benchmarks.values())
 
 
 def test_a_failed_budget_still_exports_its_rounds_with_the_outcome(run_user, pytester):
@@ -119,17 +122,17 @@ import pytest
 @pytest.mark.optimization("sdpa", max_latency="1 ns")
 def test_too_strict(opt_bench):
     opt_bench(max_new_tokens=3)
-''', "--benchmark-json=bench.json")
+''', "--benchmark-json=benchmark.json")
     run.result.assert_outcomes(failed=1)
-    benches = _benchmarks(pytester.path / "bench.json")
-    assert {b["extra_info"]["outcome"] for b in benches.values()} == {"failed"}
-    assert benches["test_user.py::test_too_strict[optimized]"]["extra_info"]["failed_budgets"] == ["max_latency"]
+    benchmarks = _benchmarks(pytester.path / "benchmark.json")
+    assert {b["extra_info"]["outcome"] for b in benchmarks.values()} == {"failed"}
+    assert benchmarks["test_user.py::test_too_strict[optimized]"]["extra_info"]["failed_budgets"] == ["max_latency"]
 
 
 def test_benchmark_disable_writes_nothing(run_user, pytester):
-    run = run_user(USER_TESTS, "--benchmark-disable", "--benchmark-json=bench.json", "-k", "sdpa")
+    run = run_user(USER_TESTS, "--benchmark-disable", "--benchmark-json=benchmark.json", "-k", "sdpa")
     run.result.assert_outcomes(passed=1, deselected=2)
-    assert not (pytester.path / "bench.json").exists()
+    assert not (pytester.path / "benchmark.json").exists()
 
 
 def test_an_unwritable_benchmark_storage_fails_the_run_cleanly(run_user, pytester):
@@ -143,7 +146,7 @@ def test_an_unwritable_benchmark_storage_fails_the_run_cleanly(run_user, pyteste
 
 
 def test_unwritable_benchmark_json_is_a_usage_error(run_user, pytester):
-    run = run_user(USER_TESTS, f"--benchmark-json={pytester.path / 'missing' / 'bench.json'}")
+    run = run_user(USER_TESTS, f"--benchmark-json={pytester.path / 'missing' / 'benchmark.json'}")
     assert run.result.ret == pytest.ExitCode.USAGE_ERROR
     run.result.stderr.fnmatch_lines(["*--benchmark-json: the folder*missing* does not exist*"])
 
@@ -161,3 +164,10 @@ def test_runs_without_pytest_benchmark(run_user):
     run = run_user(USER_TESTS, "-p", "no:benchmark", "-k", "sdpa")
     run.result.assert_outcomes(passed=1, deselected=2)
     assert run.test("test_sdpa")["optimized"]["latency_samples_s"]
+
+
+def test_storage_without_load_storage_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """pytest-benchmark does not document ``utils.load_storage``: a release without it is one readable error."""
+    monkeypatch.setitem(sys.modules, "pytest_benchmark.utils", types.ModuleType("pytest_benchmark.utils"))
+    with pytest.raises(RuntimeError, match=r"has no utils\.load_storage.*--benchmark-json=PATH still writes"):
+        benchmark_storage(f"file://{tmp_path}", logger=None, netrc=None)

@@ -116,7 +116,8 @@ import pytest
 def test_compile(opt_bench, opt_model):
     result = opt_bench(max_new_tokens=8)
     assert result.optimized.compile_time_s is not None
-    assert opt_model.compiled_calls[0] > 0
+    (compile_technique,) = [t for t in opt_model.techniques if t.compiled]
+    assert compile_technique.compiled_calls(opt_model.model) > 0
 '''
 
 

@@ -133,7 +133,7 @@ def test_timed_rounds_start_after_a_steady_warm_up_that_follows_the_verification
 FAST_BUILD_CONFTEST = """
 import dataclasses
 
-from pytest_transformers_opt import loading, progress, tiny_models
+from pytest_transformers_opt.engine import loading, progress, tiny_models
 
 name = "tiny-random-llama"
 tiny_models.TINY_MODELS[name] = dataclasses.replace(tiny_models.TINY_MODELS[name], train_steps=3)

@@ -257,13 +257,16 @@ def test_proof_needs_the_kernel_to_run(tmp_path: Path, kernels_package: object) 
     assert technique.verify_loaded(model) == f"kernels(local={str(tmp_path / 'k')!r}): the loaded model was not kernelized"
     technique.after_load(model)
     assert technique.verify_loaded(model) is None
-    with technique.around_generate(model):
+    idle = RunEvidence()
+    with technique.observe(model, idle):
         pass  # nothing ran
-    assert technique.verify_run(model, RunEvidence()) == (
+    assert technique.verify_run(model, idle) == (
         f"kernels(local={str(tmp_path / 'k')!r}): the kernel's layers (RMSNorm) never ran during generation")
-    with technique.around_generate(model):
+    ran = RunEvidence()
+    with technique.observe(model, ran):
         model(input_ids=torch.ones((1, 3), dtype=torch.long))
-    assert technique.verify_run(model, RunEvidence()) is None
+    assert ran.kernel_forward_calls > 0
+    assert technique.verify_run(model, ran) is None
     assert type(model.model.norm).forward is not model.model.norm.forward.__func__  # restored to the kernel's
 
 

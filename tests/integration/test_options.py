@@ -252,7 +252,7 @@ def test_the_three_markers_pass_under_strict_markers(pytester: pytest.Pytester) 
 
 
 # --- --help ---------------------------------------------------------------------------------------------
-# SPEC.md, section Options: every option, as --help shows it, and a word of its help text.
+# the README's Options section: every option, as --help shows it, and a word of its help text.
 DOCUMENTED_OPTIONS = {
     "--opt-report": "report",
     "--opt-report-json=PATH": "JSON",
@@ -296,10 +296,10 @@ def test_report_header_names_the_device_and_settings(pytester: pytest.Pytester) 
     pytester.makepyfile("def test_plain():\n    pass\n")
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-    device = "cuda*" if torch.cuda.is_available() else "cpu"
+    # the device is probed when a test first uses the plugin (the probe imports torch): the header says so
     result.stdout.fnmatch_lines([
-        f"transformers-opt: device {device}, torch *, transformers *, default model tiny-random-llama, "
-        "budgets enforce",
+        "transformers-opt: device auto (probed on first use), torch 2.*, transformers 5.*, "
+        "default model tiny-random-llama, budgets enforce",
     ])
 
 
@@ -310,3 +310,30 @@ def test_report_header_follows_the_options(pytester: pytest.Pytester, monkeypatc
     result = pytester.runpytest("-p", "no:cacheprovider", "--opt-device=cpu")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["transformers-opt: device cpu, *default model tiny-random-qwen3, budgets warn"])
+
+
+# --- the resolved settings -----------------------------------------------------------------------------
+def test_settings_are_one_frozen_field_per_option(pytester: pytest.Pytester) -> None:
+    from dataclasses import fields
+
+    from pytest_transformers_opt.options import OPTIONS, Settings
+
+    keys = {option.dest.removeprefix("opt_") for option in OPTIONS}
+    assert keys <= {f.name for f in fields(Settings)}
+    pytester.makeconftest('''
+import dataclasses
+
+import pytest
+from pytest_transformers_opt.session import SESSION_KEY
+
+def pytest_sessionstart(session):
+    settings = session.config.stash[SESSION_KEY].settings
+    assert (settings.rounds, settings.warmup, settings.budgets, settings.require) == (2, 0, "warn", frozenset({"sdpa"}))
+    assert settings.sources["rounds"] == "--opt-rounds" and settings.compare_thresholds == []
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.rounds = 3
+''')
+    pytester.makepyfile("def test_plain():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--opt-rounds=2", "--opt-warmup=0", "--opt-budgets=warn",
+                                "--opt-require=sdpa")
+    result.assert_outcomes(passed=1)

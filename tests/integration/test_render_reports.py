@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from pytest_transformers_opt.errors import OptConfigError
 from pytest_transformers_opt.report.html import render_html
 from pytest_transformers_opt.report.markdown import render_markdown
-from pytest_transformers_opt.report.schema import load_report, load_schema, validate_report
+from pytest_transformers_opt.report.schema import (REPORT_SCHEMA, REPORT_SCHEMA_VERSION, load_report, load_schema,
+                                                   validate_report)
 
 # --------------------------------------------------------------------------- sample reports
 
@@ -328,6 +329,27 @@ def test_load_report_invalid_body_names_the_file_and_the_place(tmp_path: Path) -
         load_report(path)
 
 
+def test_load_report_one_line_with_source_and_remedy(tmp_path: Path) -> None:
+    report = sample_report()
+    report["tests"][0]["outcome"] = "bogus"
+    report["summary"] = []
+    path = write_json(tmp_path / "opt-report.json", report)
+    with pytest.raises(OptConfigError) as info:
+        load_report(path, source="--opt-compare", remedy="give a report")
+    message = str(info.value)
+    assert message.startswith(f"--opt-compare: the report {str(path)!r} cannot be used: ")
+    assert "\n" not in message and message.endswith("; give a report")
+    # a reader that needs only the identity and the test records takes it
+    assert load_report(path, full_schema=False) == report
+
+
+def test_the_json_schema_states_the_identity_the_code_writes() -> None:
+    properties = load_schema()["properties"]
+    assert properties["schema"] == {"const": REPORT_SCHEMA}
+    assert properties["schema_version"] == {"const": REPORT_SCHEMA_VERSION}
+    assert load_schema()["$id"].endswith(f":{REPORT_SCHEMA_VERSION}")
+
+
 # --------------------------------------------------------------------------- markdown
 
 HEADER = ("| Test | Techniques | Outcome | TTFT opt / base | TPOT opt / base | Tokens/s opt / base | Speedup "
@@ -524,6 +546,8 @@ def test_html_is_self_contained_and_escaped() -> None:
     for forbidden in ("<script", "<link", "<img", "<iframe", "@import", "url(", "@font-face"):
         assert forbidden not in page.lower()
     assert "<style>" in page
+    css = (Path(render_html.__code__.co_filename).parent / "report.css").read_text(encoding="utf-8")
+    assert "td.outcome-passed" in css and css in page  # the package-data style sheet, inlined
     assert page.count("<svg") == 4
     for chart in ("chart-speedup", "chart-memory", "chart-kl", "chart-agreement"):
         assert f'id="{chart}"' in page

@@ -8,25 +8,28 @@ import pytest
 
 from pytest_transformers_opt.advisor import (
     UNVERIFIED,
-    Workload,
+    Change,
+    ServingScenario,
     advise,
     advise_from_report,
     compatibility_questions,
     flash_attention_capable,
     render_text,
 )
+from pytest_transformers_opt.advisor.docs import documentation_for
 from pytest_transformers_opt.advisor.from_report import load_report, validate_report
 from pytest_transformers_opt.errors import OptConfigError
+from pytest_transformers_opt.techniques.catalogue import BUILTIN_TECHNIQUES
 
 GiB = 2**30
 SECTIONS = ("Recommended change", "Configuration", "Why", "Supported by", "Expected tradeoffs",
             "Open compatibility questions", "Assumptions / questions to answer", "Validation")
 
 
-def workload(model_dir: str, **kw) -> Workload:
+def workload(model_dir: str, **kw) -> ServingScenario:
     kw.setdefault("input_tokens", 1024)
     kw.setdefault("max_new_tokens", 512)
-    return Workload(model=model_dir, **kw)
+    return ServingScenario(model=model_dir, **kw)
 
 
 def assert_complete(advice, docs_section: str) -> str:
@@ -36,6 +39,9 @@ def assert_complete(advice, docs_section: str) -> str:
         assert f"\n{section}" in f"\n{text}", section
     assert any(docs_section in ref for ref in advice.documentation)
     assert "Transformers docs: Inference optimization overview > " + docs_section in text
+    # the catalogue's documentation link of the change is what the user is shown, with its title
+    technique = advice.change.technique
+    assert f"Transformers docs: {technique.docs_title} <{technique.docs}>" in text
     assert advice.tradeoffs and advice.open_questions
     assert "pytest test_recommended_change.py --opt-report" in text
     assert advice.marker_line().startswith("@pytest.mark.optimization(")
@@ -137,7 +143,7 @@ def test_speed_with_concurrency_prefers_continuous_batching(model_dir):
 
 def test_an_earlier_breaking_stage_wins_over_the_reported_problem(model_dir):
     advice = advise(workload(model_dir, gpu_memory_bytes=8 * GiB, problem="speed"))
-    assert advice.stage == "load" and advice.change.family == "weights"
+    assert advice.stage == "load" and advice.change.family == "quantization"
     assert any("You reported speed" in line for line in advice.why)
 
 
@@ -148,7 +154,7 @@ def test_reported_stage_is_used_when_memory_is_unknown(model_dir):
 
 
 def test_missing_details_become_questions_with_assumptions(model_dir):
-    advice = advise(Workload(model=model_dir))
+    advice = advise(ServingScenario(model=model_dir))
     joined = "\n".join(advice.assumptions)
     assert "Assumed: 1 concurrent request." in joined
     assert "--gpu-memory" in joined and "fit cannot be checked" in joined
@@ -164,11 +170,11 @@ def test_concurrency_problem_without_a_number_assumes_several(model_dir):
 
 def test_bad_workload_values_are_config_errors(model_dir):
     with pytest.raises(OptConfigError, match="--problem"):
-        Workload(model=model_dir, problem="slow")
+        ServingScenario(model=model_dir, problem="slow")
     with pytest.raises(OptConfigError, match="--input-tokens"):
-        Workload(model=model_dir, input_tokens=-1)
+        ServingScenario(model=model_dir, input_tokens=-1)
     with pytest.raises(OptConfigError, match="--model: required"):
-        advise(Workload())
+        advise(ServingScenario())
 
 
 def test_figures_are_labelled(model_dir):
@@ -186,10 +192,18 @@ def test_probed_hardware_fills_unstated_memory(model_dir):
     assert any("bitsandbytes is not installed" in q for q in advice.open_questions)
 
 
+def test_every_catalogue_technique_is_cited_by_title_and_link():
+    for technique in BUILTIN_TECHNIQUES:
+        refs = documentation_for(Change(technique.name))
+        assert f"<{technique.docs}>" in refs[1], technique.name
+        assert technique.docs_title and technique.docs_title in refs[1], technique.name
+        assert refs[0].startswith(f"Transformers docs: Inference optimization overview > {technique.overview_section} <")
+
+
 # ---------------------------------------------------------------- compatibility questions
 
 def test_compatibility_questions_from_probed_hardware():
-    work = Workload(model="m", dtype="bfloat16")
+    work = ServingScenario(model="m", dtype="bfloat16")
     unknown = compatibility_questions(work, ["flash_attention_2"])
     assert any("compute capability >= 8.0" in q and q.endswith("?") for q in unknown)
     on_cpu = compatibility_questions(work, ["flash_attention_2"], {"device": "cpu"})
@@ -204,7 +218,7 @@ def test_compatibility_questions_from_probed_hardware():
     bnb = compatibility_questions(work, ["bnb_4bit"], {"device": "cuda", "bf16_supported": False})
     assert any("bitsandbytes installed with CUDA support" in q for q in bnb)
     assert any('compute_dtype="float16"' in q for q in bnb)
-    sdpa = compatibility_questions(Workload(model="m", revision="abc123"), ["sdpa"])
+    sdpa = compatibility_questions(ServingScenario(model="m", revision="abc123"), ["sdpa"])
     assert any("m at abc123 support sdpa" in q for q in sdpa)
     assert any("versions" in q for q in sdpa)  # no versions known at all
 
@@ -293,9 +307,9 @@ def test_memory_failure_leads_to_the_next_memory_technique():
 
 def test_compile_that_passed_leads_to_continuous_batching_or_nothing():
     passed = _record(techniques=["static_cache", "sdpa", "compile"], outcome="passed", failed_budgets=[])
-    serving = advise_from_report(_report(passed), Workload(concurrency=8))
+    serving = advise_from_report(_report(passed), ServingScenario(concurrency=8))
     assert serving.change.name == "continuous_batching"
-    alone = advise_from_report(_report(passed), Workload(concurrency=1))
+    alone = advise_from_report(_report(passed), ServingScenario(concurrency=1))
     assert alone.change is None
     assert alone.title.startswith("No further change needed")
     assert alone.verified and "were measured" in alone.verification_line()
@@ -307,7 +321,7 @@ def test_among_passing_runs_the_one_furthest_along_decides():
                       outcome="passed", failed_budgets=[])
     single = _record(nodeid="test_z.py::test_single", techniques=["sdpa"], outcome="passed", failed_budgets=[])
     for order in ((stacked, single), (single, stacked)):
-        advice = advise_from_report(_report(*order), Workload(concurrency=8))
+        advice = advise_from_report(_report(*order), ServingScenario(concurrency=8))
         assert advice.why[0].startswith("Measured run test_a.py::test_stack:")
         assert advice.change.name == "continuous_batching"
     faster = _record(nodeid="test_b.py::test_fast", techniques=["sdpa"], outcome="passed", failed_budgets=[],
@@ -325,7 +339,7 @@ def test_among_passing_runs_the_one_furthest_along_decides():
 
 def test_continuous_batching_replaces_compile_and_static_cache():
     passed = _record(techniques=["static_cache", "sdpa", "compile"], outcome="passed", failed_budgets=[])
-    advice = advise_from_report(_report(passed), Workload(concurrency=4))
+    advice = advise_from_report(_report(passed), ServingScenario(concurrency=4))
     assert [c.name for c in advice.configuration] == ["sdpa", "continuous_batching"]
 
 

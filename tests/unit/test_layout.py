@@ -18,7 +18,7 @@ NAME = PACKAGE.name
 # modules and earlier stages. The pytest face (plugin, fixtures, options, markers, session, plan, cli,
 # hookspecs) may import any stage.
 FOUNDATION = {"errors", "units", "files", "compat"}
-STAGES = ("techniques", "engine", "verdict", "advisor", "report")
+STAGES = ("techniques", "engine", "verdict", "report", "advisor")
 
 
 def _module_name(path: Path) -> str:

@@ -1,0 +1,532 @@
+"""The view every renderer builds from: the terminal table, the Markdown report and the HTML page.
+
+A report (the JSON document ``writer.build_report`` makes) becomes rows of plain text here: which tests,
+in which order (failed budgets first), which columns, and each figure in the words and units of its
+kind. The renderers only lay those cells out and escape them, so the three cannot disagree on a
+figure. ``table_row`` holds the cells of the Markdown and HTML results tables; ``terminal_row`` the
+same columns compact for a fixed-width terminal (the test's name without its file, units in the
+header); ``table_rows`` orders the tests for both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from ..units import failure_reason, format_bytes, format_duration, format_ratio
+
+MISSING = "-"
+
+# (key, header) of the results table; "regression" is added only when a test has a verdict.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("test", "Test"),
+    ("techniques", "Techniques"),
+    ("outcome", "Outcome"),
+    ("ttft", "TTFT opt / base"),
+    ("tpot", "TPOT opt / base"),
+    ("throughput", "Tokens/s opt / base"),
+    ("speedup", "Speedup"),
+    ("memory", "Peak memory opt / base"),
+    ("memory_ratio", "Memory ratio"),
+    ("token_match", "Token match"),
+    ("kl_mean", "KL mean"),
+    ("top1", "Top-1"),
+    ("failed_budgets", "Failed budgets"),
+)
+REGRESSION_COLUMN = ("regression", "Regression")
+
+# Environment rows: (key, label); keys not listed here follow under their own name.
+ENVIRONMENT_FIELDS: tuple[tuple[str, str], ...] = (
+    ("device", "Device"),
+    ("gpu_name", "GPU"),
+    ("compute_capability", "Compute capability"),
+    ("gpu_memory_bytes", "GPU memory"),
+    ("device_count", "Device count"),
+    ("bf16_supported", "bf16 supported"),
+    ("tf32", "TF32"),
+    ("gpu_clocks_mhz", "GPU clocks (MHz)"),
+    ("gpu_memory_bandwidth_bytes_s", "GPU memory bandwidth (peak, NVML)"),
+    ("cuda", "CUDA"),
+    ("driver", "Driver"),
+    ("python", "Python"),
+    ("platform", "Platform"),
+    ("torch", "torch"),
+    ("transformers", "transformers"),
+    ("accelerate", "accelerate"),
+    ("bitsandbytes", "bitsandbytes"),
+    ("kernels", "kernels"),
+)
+SETTINGS_FIELDS: tuple[tuple[str, str], ...] = (
+    ("budgets_mode", "Budgets mode"),
+    ("rounds", "Measured rounds"),
+    ("warmup", "Warm-up rounds"),
+    ("device", "Device option"),
+    ("default_model", "Default model"),
+)
+
+_DURATION_BUDGETS = {"max_ttft", "max_tpot", "max_latency"}
+_TIMES_BUDGETS = {"min_speedup", "max_memory_ratio"}
+_FRACTION_BUDGETS = {"min_token_match", "min_top1"}
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float, or None when it is missing or not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _non_finite(value: float) -> str | None:
+    """``NaN`` / ``inf`` shown as such: a NaN never passes, so it must not look like a gap."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return None
+
+
+def format_seconds(value: Any) -> str:
+    number = _number(value)
+    if number is None:
+        return MISSING
+    return _non_finite(number) or format_duration(number)
+
+
+def format_memory(value: Any) -> str:
+    number = _number(value)
+    if number is None:
+        return MISSING
+    return _non_finite(number) or format_bytes(number)
+
+
+def format_rate(value: Any) -> str:
+    """Bytes per second: ``1.83 GiB/s``."""
+    text = format_memory(value)
+    return text if text == MISSING else f"{text}/s"
+
+
+def format_percent(value: Any) -> str:
+    """A fraction in 0..1 as ``97.5%``."""
+    number = _number(value)
+    if number is None:
+        return MISSING
+    return _non_finite(number) or f"{number * 100:.1f}%"
+
+
+def format_kl(value: Any) -> str:
+    """A KL divergence, three significant digits (``0.0123``, ``4.2e-06``)."""
+    number = _number(value)
+    if number is None:
+        return MISSING
+    if number == 0:
+        return "0"
+    return _non_finite(number) or f"{number:.3g}"
+
+
+def format_throughput(value: Any) -> str:
+    number = _number(value)
+    if number is None:
+        return MISSING
+    return _non_finite(number) or f"{number:.1f}"
+
+
+def format_plain(value: Any) -> str:
+    number = _number(value)
+    if number is None:
+        return MISSING if value is None else str(value)
+    if number.is_integer() and abs(number) < 1e15:
+        return str(int(number))
+    return _non_finite(number) or f"{number:.4g}"
+
+
+def format_budget_value(name: str, value: Any) -> str:
+    """A budget's limit or measured figure in the unit of that budget."""
+    if name == "max_memory":
+        return format_memory(value)
+    if name in _DURATION_BUDGETS:
+        return format_seconds(value)
+    if name == "min_throughput":
+        text = format_throughput(value)
+        return text if text == MISSING else f"{text} tok/s"
+    if name in _TIMES_BUDGETS:
+        return format_ratio(value)
+    if name in _FRACTION_BUDGETS:
+        return format_percent(value)
+    if name.endswith("_kl") or name.startswith("kl"):
+        return format_kl(value)
+    return format_plain(value)
+
+
+def format_estimate(name: str, value: Any) -> str:
+    """An estimated figure, formatted from its name (``*_bytes_s``, ``*bytes*``, ``*_tok_s``, ``*_s``,
+    ``*fraction*``, ``*ratio*``)."""
+    if name.endswith("_bytes_s"):
+        return format_rate(value)
+    if "fraction" in name:
+        return format_percent(value)
+    if "bytes" in name:
+        return format_memory(value)
+    if name.endswith("_tok_s"):
+        text = format_throughput(value)
+        return text if text == MISSING else f"{text} tok/s"
+    if name.endswith("_s"):
+        return format_seconds(value)
+    if "ratio" in name or "speedup" in name:
+        return format_ratio(value)
+    return format_plain(value)
+
+
+def format_pair(optimized: str, baseline: str) -> str:
+    if optimized == MISSING and baseline == MISSING:
+        return MISSING
+    return f"{optimized} / {baseline}"
+
+
+def format_created(value: Any) -> str:
+    if not isinstance(value, str):
+        return MISSING
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    offset = moment.utcoffset()
+    if offset is not None and offset.total_seconds() == 0:
+        return moment.strftime("%Y-%m-%d %H:%M UTC")
+    return moment.isoformat(sep=" ", timespec="minutes")
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+# --------------------------------------------------------------------------- report model
+
+
+def _part(report: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """A top-level object of the report (``environment``, ``settings``), or an empty dict."""
+    value = report.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _tests(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    tests = report.get("tests") or []
+    return [test for test in tests if isinstance(test, dict)]
+
+
+def side_figure(test: Mapping[str, Any], which: str, key: str) -> Any:
+    metrics = test.get(which)
+    return metrics.get(key) if isinstance(metrics, dict) else None
+
+
+def similarity_figure(test: Mapping[str, Any], key: str) -> Any:
+    similarity = test.get("similarity")
+    return similarity.get(key) if isinstance(similarity, dict) else None
+
+
+def failed_budget_names(test: Mapping[str, Any]) -> list[str]:
+    """Names of the budgets that failed: ``failed_budgets`` plus any budget whose ``ok`` is False."""
+    names = [str(name) for name in test.get("failed_budgets") or []]
+    for budget in test.get("budgets") or []:
+        if isinstance(budget, dict) and budget.get("ok") is False and str(budget.get("name")) not in names:
+            names.append(str(budget.get("name")))
+    return names
+
+
+def sort_tests(tests: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tests with failed budgets first, then other failures and errors, then the rest; stable."""
+
+    def rank(test: dict[str, Any]) -> int:
+        if failed_budget_names(test):
+            return 0
+        if test.get("outcome") in ("failed", "error"):
+            return 1
+        return 2
+
+    return sorted(tests, key=rank)
+
+
+def outcome_text(test: Mapping[str, Any]) -> str:
+    outcome = str(test.get("outcome") or "unknown")
+    if outcome in ("skipped", "xfailed", "xpassed"):  # skip_reason holds the xfail reason for the latter
+        reason = test.get("skip_reason")
+        return f"{outcome}: {one_line(reason)}" if reason else outcome
+    if test.get("error") and (outcome == "error" or outcome == "failed" and not failed_budget_names(test)):
+        return f"{outcome}: {failure_reason(test.get('error'))}"  # a budget failure has its own column
+    return outcome
+
+
+def techniques_text(test: Mapping[str, Any]) -> str:
+    techniques = " + ".join(str(name) for name in test.get("techniques") or []) or MISSING
+    baseline = " + ".join(str(name) for name in test.get("baseline_techniques") or [])
+    return f"{techniques} vs {baseline}" if baseline else techniques
+
+
+def regression_text(test: Mapping[str, Any]) -> str:
+    regression = test.get("regression")
+    if not isinstance(regression, dict) or not regression.get("verdict"):
+        return MISSING
+    details = "; ".join(one_line(detail) for detail in regression.get("details") or [])
+    verdict = str(regression["verdict"])
+    return f"{verdict}: {details}" if details else verdict
+
+
+def has_regressions(report: Mapping[str, Any]) -> bool:
+    return any(isinstance(test.get("regression"), dict) for test in _tests(report))
+
+
+def columns(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The results table's (key, header) pairs for this report."""
+    cols = list(COLUMNS)
+    if has_regressions(report):
+        cols.append(REGRESSION_COLUMN)
+    return cols
+
+
+def table_row(test: Mapping[str, Any]) -> dict[str, str]:
+    """One test's cells as plain text (not escaped), keyed as in :data:`COLUMNS`."""
+
+    def pair(key: str, fmt: Any) -> str:
+        return format_pair(fmt(side_figure(test, "optimized", key)), fmt(side_figure(test, "baseline", key)))
+
+    token_match = format_percent(similarity_figure(test, "token_match"))
+    if similarity_figure(test, "near_tie") and token_match != MISSING:
+        token_match += " (near-tie)"
+    return {
+        "test": str(test.get("nodeid") or MISSING),
+        "techniques": techniques_text(test),
+        "outcome": outcome_text(test),
+        "ttft": pair("ttft_s", format_seconds),
+        "tpot": pair("tpot_s", format_seconds),
+        "throughput": pair("throughput_tok_s", format_throughput),
+        "speedup": format_ratio(test.get("speedup")),
+        "memory": pair("peak_memory_bytes", format_memory),
+        "memory_ratio": format_ratio(test.get("memory_ratio")),
+        "token_match": token_match,
+        "kl_mean": format_kl(similarity_figure(test, "kl_mean")),
+        "top1": format_percent(similarity_figure(test, "top1")),
+        "failed_budgets": ", ".join(failed_budget_names(test)) or MISSING,
+        "regression": regression_text(test),
+    }
+
+
+def table_rows(report: Mapping[str, Any], cells: Callable[[Mapping[str, Any]], dict[str, str]] = table_row,
+               ) -> list[tuple[dict[str, Any], dict[str, str]]]:
+    """(test record, its cells) for every test, in report order (failed budgets first); ``cells`` is
+    ``table_row`` (Markdown, HTML) or ``terminal_row``."""
+    return [(test, cells(test)) for test in sort_tests(_tests(report))]
+
+
+# The terminal table's header of each column of COLUMNS: short, with the unit where the cells leave it out.
+TERMINAL_HEADERS: dict[str, str] = {
+    "test": "test", "techniques": "techniques", "outcome": "outcome", "ttft": "TTFT ms opt/base",
+    "tpot": "TPOT ms opt/base", "throughput": "tok/s opt/base", "speedup": "speedup", "memory": "peak mem opt/base",
+    "memory_ratio": "mem ratio", "token_match": "token match", "kl_mean": "KL mean", "top1": "top-1",
+    "failed_budgets": "failed budgets",
+}
+
+
+def _compact(value: Any, pattern: str) -> str:
+    number = _number(value)
+    return MISSING if number is None else _non_finite(number) or pattern.format(number)
+
+
+def terminal_row(test: Mapping[str, Any]) -> dict[str, str]:
+    """One test's cells for the fixed-width terminal table, keyed as in :data:`COLUMNS`: the figures of
+    ``table_row``, compact (the test's name without its file, times in ms and fractions as 0..1, with
+    the unit in :data:`TERMINAL_HEADERS`), and the outcome alone (its reason follows the table)."""
+
+    def pair(key: str, fmt: Callable[[Any], str]) -> str:
+        return f"{fmt(side_figure(test, 'optimized', key))} / {fmt(side_figure(test, 'baseline', key))}"
+
+    def ms(value: Any) -> str:
+        number = _number(value)
+        return _compact(None if number is None else number * 1e3, "{:.1f}")
+
+    return {
+        "test": str(test.get("nodeid") or MISSING).split("::")[-1],
+        "techniques": ", ".join(str(name) for name in test.get("techniques") or []) or MISSING,
+        "outcome": str(test.get("outcome") or "unknown"),
+        "ttft": pair("ttft_s", ms),
+        "tpot": pair("tpot_s", ms),
+        "throughput": pair("throughput_tok_s", lambda value: _compact(value, "{:.0f}")),
+        "speedup": format_ratio(test.get("speedup")),
+        "memory": pair("peak_memory_bytes", format_memory),
+        "memory_ratio": format_ratio(test.get("memory_ratio")),
+        "token_match": _compact(similarity_figure(test, "token_match"), "{:.2f}"),
+        "kl_mean": _compact(similarity_figure(test, "kl_mean"), "{:.2e}"),
+        "top1": _compact(similarity_figure(test, "top1"), "{:.2f}"),
+        "failed_budgets": ", ".join(str(name) for name in test.get("failed_budgets") or []) or MISSING,
+    }
+
+
+def terminal_table(report: Mapping[str, Any]) -> list[list[str]]:
+    """The terminal table: the header row, then one row per test (``table_rows`` order)."""
+    keys = [key for key, _header in COLUMNS]
+    return [[TERMINAL_HEADERS[key] for key in keys],
+            *([cells[key] for key in keys] for _test, cells in table_rows(report, terminal_row))]
+
+
+def failed_budget_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
+    """One row per failed budget: test, budget, measured, limit, source, note."""
+    rows = []
+    for test in sort_tests(_tests(report)):
+        budgets = {str(b.get("name")): b for b in test.get("budgets") or [] if isinstance(b, dict)}
+        for name in failed_budget_names(test):
+            budget = budgets.get(name, {})
+            rows.append({
+                "test": str(test.get("nodeid")),
+                "budget": name,
+                "measured": format_budget_value(name, budget.get("measured")),
+                "limit": format_budget_value(name, budget.get("limit")),
+                "source": str(budget.get("source") or MISSING),
+                "note": one_line(budget.get("note") or ""),
+            })
+    return rows
+
+
+def skipped_groups(report: Mapping[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Skipped tests grouped by reason, most frequent reason first, then first seen."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for test in _tests(report):
+        if test.get("outcome") == "skipped":
+            reason = one_line(test.get("skip_reason") or "") or "no reason given"
+            groups.setdefault(reason, []).append(test)
+    order = {reason: index for index, reason in enumerate(groups)}
+    return sorted(groups.items(), key=lambda item: (-len(item[1]), order[item[0]]))
+
+
+# Readable names of the estimates the plugin writes; a hook's own keep their key.
+ESTIMATE_LABELS = {
+    "decode_bytes_per_step": "bytes one decode step reads (weights + KV cache)",
+    "decode_bandwidth_bytes_s": "decode bandwidth (those bytes / TPOT)",
+    "decode_bandwidth_fraction_of_peak": "decode bandwidth, share of the GPU's peak",
+}
+
+
+def estimate_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
+    rows = []
+    for test in sort_tests(_tests(report)):
+        estimates = test.get("estimates")
+        if not isinstance(estimates, dict):
+            continue
+        for name, value in estimates.items():
+            rows.append({"test": str(test.get("nodeid")), "figure": ESTIMATE_LABELS.get(str(name), str(name)), "value": format_estimate(name, value)})
+    return rows
+
+
+def problem_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Failed and errored tests whose failure is not (only) a budget, with the one-line reason of each."""
+    rows = []
+    for test in sort_tests(_tests(report)):
+        if test.get("outcome") not in ("failed", "error"):
+            continue
+        if failed_budget_names(test) and test.get("outcome") == "failed":
+            continue
+        rows.append({"test": str(test.get("nodeid")), "outcome": str(test.get("outcome")),
+                     "error": failure_reason(test.get("error"))})
+    return rows
+
+
+def _plain_value(key: str, value: Any) -> str:
+    if value is None:
+        return MISSING
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key.endswith("_bytes"):
+        return format_memory(value)
+    if key.endswith("_bytes_s"):
+        return format_rate(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {MISSING if v is None else one_line(str(v))}" for k, v in value.items()) or MISSING
+    if isinstance(value, (list, tuple)):
+        return ", ".join(one_line(str(v)) for v in value) or MISSING
+    return one_line(str(value))
+
+
+def environment_rows(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) rows: the environment, the run's settings and the models with revisions."""
+    env = _part(report, "environment")
+    settings = _part(report, "settings")
+    rows = [(label, _plain_value(key, env.get(key))) for key, label in ENVIRONMENT_FIELDS]
+    known = {key for key, _ in ENVIRONMENT_FIELDS}
+    rows += [(str(key), _plain_value(str(key), value)) for key, value in env.items() if key not in known]
+    rows += [(label, _plain_value(key, settings.get(key))) for key, label in SETTINGS_FIELDS if key in settings]
+    seen: list[str] = []
+    for test in _tests(report):
+        model = test.get("model")
+        if isinstance(model, dict) and model.get("name_or_path"):
+            text = str(model["name_or_path"])
+            text += f" @ {model['revision']}" if model.get("revision") else " @ (no revision pinned)"
+            if model.get("dtype"):
+                text += f" ({model['dtype']})"
+            if text not in seen:
+                seen.append(text)
+    rows += [("Model" if len(seen) == 1 else f"Model {index}", text) for index, text in enumerate(seen, 1)]
+    return rows
+
+
+COUNTED = ("passed", "failed", "skipped", "error")  # always shown
+COUNTED_WHEN_ANY = ("xfailed", "xpassed")  # shown when a test had that outcome
+
+
+def shown_counts(counts: Mapping[str, int]) -> list[str]:
+    """The outcome names a summary line shows, in order."""
+    return [*COUNTED, *(key for key in COUNTED_WHEN_ANY if counts.get(key))]
+
+
+def summary_counts(report: Mapping[str, Any]) -> dict[str, int]:
+    summary = report.get("summary")
+    counts = {key: 0 for key in COUNTED + COUNTED_WHEN_ANY}
+    if isinstance(summary, dict):
+        for key in counts:
+            value = summary.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                counts[key] = value
+    else:
+        for test in _tests(report):
+            if test.get("outcome") in counts:
+                counts[str(test["outcome"])] += 1
+    return counts
+
+
+def summary_text(report: Mapping[str, Any]) -> str:
+    counts = summary_counts(report)
+    return ", ".join(f"{counts[key]} {key}" for key in shown_counts(counts))
+
+
+def context_text(report: Mapping[str, Any]) -> str:
+    """``2026-11-29 20:00 UTC · cuda:0 (NVIDIA H200) · budgets: enforce``."""
+    env = _part(report, "environment")
+    settings = _part(report, "settings")
+    parts = [format_created(report.get("created"))]
+    device = str(env.get("device") or settings.get("device") or MISSING)
+    if env.get("gpu_name"):
+        device += f" ({env['gpu_name']})"
+    parts.append(device)
+    if settings.get("budgets_mode"):
+        parts.append(f"budgets: {settings['budgets_mode']}")
+    return " · ".join(part for part in parts if part != MISSING)
+
+
+def budgets_mode_note(report: Mapping[str, Any]) -> str | None:
+    settings = _part(report, "settings")
+    mode = settings.get("budgets_mode")
+    if mode == "warn":
+        return "Budgets were reported, not enforced (--opt-budgets=warn): a failed budget did not fail its test."
+    if mode == "off":
+        return "Budgets were not checked (--opt-budgets=off): figures are measured only."
+    return None
+
+
+def advice_lines(report: Mapping[str, Any]) -> list[str]:
+    advice = report.get("advice")
+    if not isinstance(advice, dict):
+        return []
+    return [one_line(line) for line in advice.get("summary") or [] if str(line).strip()]
+
+
