@@ -19,6 +19,13 @@ injected breakage on ``smollm2-135m`` (NaN logits, one changed token, lm_head or
 silent fallback). Budgets run in warn mode so that every run reports its figures; the table gives the
 median and min-max over the prompt sets:
 ``python benchmarks/verdict_study.py --similarity [--sets 4] [--broken-sets 1] [--models a,b] [--skip LABELS]``.
+
+``--compare`` measures the cross-run gate instead: one reference session, then ``--runs`` null sessions
+(the same test again) and ``--runs`` sessions of the same test 25% slower (``--compare-slowdown``), in
+alternation, each a real pytest session compared with the reference through ``--opt-compare=ref.json
+--opt-compare-fail=latency:10%`` (``--compare-fail``); it counts exit statuses, and how the median-only
+rule (ratio of medians past the limit) would have judged the same runs:
+``python benchmarks/verdict_study.py --compare [--runs 20] [--out FILE] [-- --opt-rounds=5]``.
 """
 
 from __future__ import annotations
@@ -332,6 +339,129 @@ def similarity_table(result: dict, sets: int, max_new_tokens: int) -> str:
     return "\n".join(lines)
 
 
+# --- compare mode: --opt-compare-fail on real sessions, null re-runs against injected slowdowns ---------
+COMPARE_CONFTEST = textwrap.dedent('''
+    import contextlib
+    import os
+    import time
+
+    from pytest_transformers_opt.techniques import Technique
+
+
+    class CompareSlowdown(Technique):
+        """Busy-waits VERDICT_STUDY_SLOWDOWN_PCT percent of every generate call's own wall time: the same
+        test, that much slower (0: the reference and the null re-runs)."""
+        name = "compare_slowdown"
+        family = "study"
+        summary = "slowdown set by VERDICT_STUDY_SLOWDOWN_PCT"
+
+        @contextlib.contextmanager
+        def around_generate(self, model):
+            factor = float(os.environ.get("VERDICT_STUDY_SLOWDOWN_PCT", "0")) / 100.0
+            if factor <= 0:
+                yield
+                return
+            generate = model.generate
+
+            def slowed(*args, **kwargs):
+                started = time.perf_counter()
+                output = generate(*args, **kwargs)
+                until = time.perf_counter() + (time.perf_counter() - started) * factor
+                while time.perf_counter() < until:
+                    pass
+                return output
+
+            model.generate = slowed  # an instance attribute, removed again below
+            try:
+                yield
+            finally:
+                del model.generate
+
+
+    def pytest_opt_register_techniques(registry):
+        registry.register(CompareSlowdown)
+''')
+
+COMPARE_TEST = textwrap.dedent('''
+    import pytest
+
+    @pytest.mark.optimization("compare_slowdown")
+    def test_case(opt_bench):
+        opt_bench(prompts=["The cat sees", "Name the capital of France."], max_new_tokens=8)
+''')
+
+
+def _compare_session(root: Path, report: Path, slowdown: float, extra_args: list[str]) -> tuple[int, dict]:
+    # one torch thread unless told otherwise: on 2 shared cores, spinning threads turn one busy neighbour
+    # into rounds 10x slower, and that is the machine's noise, not the plugin's
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "VERDICT_STUDY_SLOWDOWN_PCT": str(slowdown)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                           "-W", "ignore", "--opt-budgets=off", f"--opt-report-json={report}", *extra_args,
+                           "test_compare.py"], cwd=root, check=False, stdout=subprocess.DEVNULL, env=env)
+    return done.returncode, json.loads(report.read_text())
+
+
+def run_compare(runs: int, slowdown: float, compare_fail: str, extra_args: list[str]) -> dict:
+    """One reference session, then null and slowed sessions in alternation (so drift on the shared
+    machine falls on both), each compared with the reference."""
+    from pytest_transformers_opt.report.compare import parse_compare_fail
+
+    (threshold,) = parse_compare_fail(compare_fail)
+    rows: list[dict] = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="verdict-study-compare-") as folder:
+        root = Path(folder)
+        (root / "conftest.py").write_text(COMPARE_CONFTEST)
+        (root / "test_compare.py").write_text(COMPARE_TEST)
+        reference = root / "ref.json"
+        status, ref = _compare_session(root, reference, 0.0, extra_args)
+        if status != 0:
+            raise SystemExit(f"the reference session failed (exit {status})")
+        gate = [f"--opt-compare={reference}", f"--opt-compare-fail={compare_fail}"]
+        for index in range(runs):
+            for scenario, pct in (("null", 0.0), (f"slowdown {slowdown:g}%", slowdown)):
+                status, data = _compare_session(root, root / f"run-{index}.json", pct, [*extra_args, *gate])
+                test = data["tests"][0]
+                judged = ((test.get("regression") or {}).get("judged") or [{}])[0]
+                ratio = judged.get("ratio")
+                # the baseline side (the same in every session) slowed by as much: the machine, not the test
+                drift = test["baseline"]["latency_s"] / ref["tests"][0]["baseline"]["latency_s"]
+                rows.append({"scenario": scenario, "status": status, "rule": judged.get("rule"), "drift": drift,
+                             "ratio": ratio, "p_value": judged.get("p_value"),
+                             # the median-only rule: the ratio of medians past the limit is a regression
+                             "median_rule_regressed": ratio is not None and ratio > 1 + threshold.limit / 100,
+                             "rounds": judged.get("rounds")})
+    return {"rows": rows, "seconds": time.perf_counter() - started, "settings": ref["settings"],
+            "reference_samples": ref["tests"][0]["optimized"]["latency_samples_s"]}
+
+
+def compare_table(result: dict, compare_fail: str, slowdown: float) -> str:
+    import statistics
+
+    settings = result["settings"]
+    lines = [f"rounds={settings['rounds']} warmup={settings['warmup']}, --opt-compare-fail={compare_fail}, "
+             f"{len(result['rows'])} sessions after the reference ({result['seconds']:.0f} s); reference rounds (ms): "
+             + ", ".join(f"{1000 * v:.2f}" for v in result["reference_samples"]), "",
+             "| scenario | runs | exit 1 (regressed) | other exit | median-only rule: regressed | "
+             "ratio of medians, median (min-max) | Mann-Whitney p, median (min-max) | rule | "
+             "baseline side's ratio (machine drift), median (min-max) | exit 1 with the baseline side >10% slower too |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for scenario in ("null", f"slowdown {slowdown:g}%"):
+        rows = [r for r in result["rows"] if r["scenario"] == scenario]
+        if not rows:
+            continue
+        ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
+        ps = [r["p_value"] for r in rows if r["p_value"] is not None]
+        spread = (lambda v, f: f"{f(statistics.median(v))} ({f(min(v))}-{f(max(v))})" if v else "-")
+        rules = ", ".join(sorted({str(r["rule"]) for r in rows}))
+        lines.append(f"| {scenario} | {len(rows)} | {sum(r['status'] == 1 for r in rows)} | "
+                     f"{sum(r['status'] not in (0, 1) for r in rows)} | {sum(r['median_rule_regressed'] for r in rows)} | "
+                     f"{spread(ratios, lambda x: f'{x:.3f}')} | {spread(ps, lambda x: f'{x:.2g}')} | {rules} | "
+                     f"{spread([r['drift'] for r in rows], lambda x: f'{x:.3f}')} | "
+                     f"{sum(r['status'] == 1 and r['drift'] > 1.1 for r in rows)} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--null", type=int, default=100)
@@ -345,9 +475,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(SIMILARITY_MODELS), help="similarity: comma-separated")
     parser.add_argument("--skip", default="", help="similarity: comma-separated technique labels to leave out")
     parser.add_argument("--only", default="", help="similarity: comma-separated labels to keep (all when empty)")
+    parser.add_argument("--compare", action="store_true",
+                        help="instead: --opt-compare-fail on real sessions, null re-runs and injected slowdowns")
+    parser.add_argument("--runs", type=int, default=20, help="compare: null sessions, and as many slowed ones")
+    parser.add_argument("--compare-slowdown", type=float, default=25.0, help="compare: injected slowdown, percent")
+    parser.add_argument("--compare-fail", default="latency:10%", help="compare: the --opt-compare-fail term")
     parser.add_argument("--out", type=Path, default=None, help="also write the Markdown table here")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, e.g. --opt-rounds=7")
     args = parser.parse_args(argv)
+    if args.compare:
+        text = compare_table(run_compare(args.runs, args.compare_slowdown, args.compare_fail, args.pytest_args),
+                             args.compare_fail, args.compare_slowdown)
+        print(text)
+        if args.out:
+            args.out.write_text(text + "\n")
+        return 0
     if args.similarity:
         sets = max(1, min(args.sets, len(PROMPT_SETS)))
         models = tuple(m for m in args.models.split(",") if m)

@@ -136,6 +136,68 @@ def reset_compiled_graphs() -> None:
         reset()
 
 
+# ---------------------------------------------------------------- torch: compile caches
+def enable_compile_caches() -> None:
+    """Switch on inductor's FX graph and autotune caches and AOTAutograd's cache in this process: their
+    configs read ``TORCHINDUCTOR_FX_GRAPH_CACHE`` / ``TORCHINDUCTOR_AUTOGRAD_CACHE`` once, when torch is
+    imported, so setting the variables later reaches only processes started after."""
+    try:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.fx_graph_cache = True
+        inductor_config.autotune_local_cache = True
+    except Exception:  # a torch without these settings: its caches stay as they are
+        pass
+    try:
+        import torch._functorch.config as functorch_config
+
+        functorch_config.enable_autograd_cache = True
+    except Exception:
+        pass
+
+
+def compile_cache_counts() -> tuple[int, int]:
+    """(hits, misses) of inductor's FX graph cache and AOTAutograd's cache in this process so far (a
+    bypass compiles without the cache: a miss). (0, 0) while torch has compiled nothing, without
+    importing torch."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0, 0
+    try:
+        counters = utils.counters
+        inductor, aot = counters["inductor"], counters["aot_autograd"]
+        hits = inductor["fxgraph_cache_hit"] + aot["autograd_cache_hit"]
+        misses = inductor["fxgraph_cache_miss"] + inductor["fxgraph_cache_bypass"] + aot["autograd_cache_miss"]
+        return int(hits), int(misses)
+    except Exception:  # not imported yet, or the counters moved: nothing to tell
+        return 0, 0
+
+
+def save_compile_artifacts() -> bytes | None:
+    """``torch.compiler.save_cache_artifacts()``'s portable bytes (torch 2.7+); None without the API or
+    when nothing was compiled or loaded."""
+    try:
+        import torch.compiler
+
+        saved = torch.compiler.save_cache_artifacts()
+    except Exception:  # no such API, or serialising failed: the inductor folder still holds the graphs
+        return None
+    return saved[0] if saved else None
+
+
+def load_compile_artifacts(data: bytes) -> bool:
+    """Hot-load what ``save_compile_artifacts`` wrote into torch's caches; False without the API or
+    when torch could not read them (a file from another torch is ignored, not fatal)."""
+    try:
+        import torch.compiler
+
+        return torch.compiler.load_cache_artifacts(data) is not None
+    except Exception:
+        return False
+
+
 # ---------------------------------------------------------------- pytest-benchmark: its storage
 def benchmark_storage(url: str, logger: Any, netrc: Any) -> Any:
     """The storage ``--benchmark-storage`` names, built as pytest-benchmark builds its own (``.save(output_json,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import pytest
 
+from .engine.compile_cache import check_cache_dir
 from .engine.gpu_pinning import parse_gpus_per_worker
 from .files import check_writable
 from .verdict.bench import MAX_ROUNDS, MAX_WARMUP
@@ -134,6 +135,9 @@ OPTIONS: tuple[OptionDef, ...] = (
     OptionDef("--opt-warmup", "opt_warmup", "opt_warmup", _warmup, 1,
               f"warm-up rounds per side (0 to {MAX_WARMUP}), kept out of the figures (compiled techniques get at "
               f"least 2)", "N"),
+    OptionDef("--opt-compile-cache", "opt_compile_cache", "opt_compile_cache", _path, None,
+              "keep torch's compile caches (inductor, autotuning, portable artifacts) in this folder, one "
+              "subfolder per torch, transformers and device, for CI to restore between runs", "DIR", is_path=True),
 )
 
 
@@ -195,6 +199,7 @@ class Settings:
     techniques: bool
     rounds: int
     warmup: int
+    compile_cache: str | None  # the folder, absolute; checked usable at configure time
     sources: dict[str, str]  # option key -> where its value came from: the flag, the variable, "ini KEY", "default"
     ini_budgets: dict[str, str]  # budget name -> the ini value, checked
     baseline: tuple[str, ...]  # ini opt_baseline, else eager
@@ -215,6 +220,11 @@ def resolve_settings(config: pytest.Config) -> Settings:
     values = _absolute_paths(config, values, sources)
     compare_report, compare_thresholds = _load_compare(values, sources)
     _check_report_paths(values, sources)
+    if values["compile_cache"]:
+        try:
+            check_cache_dir(values["compile_cache"], sources["compile_cache"])
+        except OptConfigError as exc:
+            raise pytest.UsageError(str(exc)) from None
     return Settings(**values, sources=sources, ini_budgets=ini_budgets, baseline=baseline,
                     compare_report=compare_report, compare_thresholds=compare_thresholds)
 

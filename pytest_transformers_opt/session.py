@@ -8,14 +8,16 @@ it in ``pytest_configure`` and hands each hook's work to it or to the report wri
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generator
 
 import pytest
 
-from .compat import package_version
+from .compat import compile_cache_counts, package_version
 from .errors import OptConfigError, OptLoadError, OptProofError
 from .units import ERROR_CHARS  # the JSON keeps the whole error: its reason may come late (compiler output)
+from .engine.compile_cache import CompileCache, cache_key, compile_cache_state
 from .engine.measure import release_memory
 from .engine.hardware import HardwareInfo, probe_hardware
 from .engine.loading import ModelCache, ModelRequest, OptModelChanged, load_model, read_model_config, tokenizer_only
@@ -46,6 +48,7 @@ class TestRecord:
     error: str | None = "did not finish (interrupted, or no call phase report)"
     plan: TestPlan | None = None
     results: list[Any] = field(default_factory=list)  # OptResult of each opt_bench call, in order
+    compile_cache: str | None = None  # warm / cold / partial from torch's cache lookups during the test; None: no compile
 
 
 def crash_message(report: Any) -> str:
@@ -73,12 +76,19 @@ class OptSession:
         self._configs: dict[tuple[tuple[Any, ...], str], Any] = {}  # (model identity, path) -> its config
         self._item_model: dict[str, tuple[Any, ...]] = {}
         self._remaining_uses: dict[tuple[Any, ...], int] = {}
+        self.compile_cache: CompileCache | None = None  # --opt-compile-cache, installed with the hardware probe
+        self._compile_counts: dict[str, tuple[int, int]] = {}  # test id -> cache (hits, misses) at its setup
 
     # -- lazily built pieces ------------------------------------------------------------------------
     @property
     def hardware(self) -> HardwareInfo:
         if self._hardware is None:
             self._hardware = probe_hardware(self.settings.device)
+            # the key names the device, and every compile needs the device first; --opt-techniques compiles nothing
+            if self.settings.compile_cache and not self.settings.techniques:
+                self.compile_cache = CompileCache(self.settings.compile_cache, cache_key(self._hardware),
+                                                  os.environ.get("PYTEST_XDIST_WORKER", "main"))
+                self.compile_cache.install()
         return self._hardware
 
     @property
@@ -170,6 +180,7 @@ class OptSession:
         """After a test's teardown: check that it left the shared models' weights as loaded, and free the
         models no remaining test of this process needs. A changed model fails this test's teardown (it
         is the one that changed it) and is dropped, so the next test loads it afresh."""
+        self._compile_counts.pop(item.nodeid, None)  # a test without a call phase report
         changed = self._check_handed(item.nodeid)
         self._free_unused(item)
         if changed:
@@ -199,6 +210,15 @@ class OptSession:
             self.reference_runs = {k: v for k, v in self.reference_runs.items() if k[0][0] != identity}
 
     # -- outcomes -----------------------------------------------------------------------------------
+    def start_compile_count(self, nodeid: str) -> None:
+        self._compile_counts[nodeid] = compile_cache_counts()
+
+    def note_compile_cache(self, nodeid: str) -> None:
+        """Whether the test's compilation hit torch's caches (its lookups since its setup began)."""
+        hits_before, misses_before = self._compile_counts.pop(nodeid, (0, 0))
+        hits, misses = compile_cache_counts()
+        self.record(nodeid).compile_cache = compile_cache_state(hits - hits_before, misses - misses_before)
+
     def note_report(self, item: pytest.Item, report: pytest.TestReport) -> None:
         """Keep each test's outcome (and skip reason / error) for the report."""
         record = self.record(item.nodeid)
@@ -247,6 +267,11 @@ class OptSession:
         if self._models is not None:
             self._models.clear()
         self.reference_runs.clear()
+        if self.compile_cache is not None:
+            try:
+                self.compile_cache.save()
+            finally:
+                self.compile_cache.uninstall()
 
 
 def print_catalogue(config: pytest.Config, settings: Settings) -> int:
@@ -305,10 +330,16 @@ class OptPlugin:
         session = self.session
         # a record exists once opt_plan ran, also for a test that asked for it through getfixturevalue
         if item.nodeid in session.records or OPT_FIXTURES & set(getattr(item, "fixturenames", ())):
+            if report.when == "call":
+                session.note_compile_cache(item.nodeid)
             session.note_report(item, report)
             if session.is_xdist_worker:  # travels to the controller with the report
                 report.opt_entries = entries_of(session.records[item.nodeid])
         return report
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.session.start_compile_count(item.nodeid)
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:

@@ -8,6 +8,13 @@ change to the code, the libraries or the configuration moves.
 Thresholds follow pytest-benchmark's ``--benchmark-compare-fail`` style: ``latency:10%`` fails
 on a relative worsening of more than 10%, ``kl_mean:0.01`` on an absolute worsening of more than
 0.01 (absolute limits are in the report's units: seconds, bytes, tokens per second, nats).
+
+A timed figure is a median over rounds, and two runs' medians differ by noise alone (one slow round
+on a shared machine moves a median of five). Where both reports keep the figure's per-round samples,
+a threshold on it is judged on them, the way ``min_speedup`` is judged within one run: regressed only
+when the medians worsened past the limit **and** a one-sided Mann-Whitney test finds the new rounds
+worse than the old ones moved by the limit, at ``verdict.stats.SIGNIFICANCE``. Otherwise (no samples,
+or too few rounds for any test to reach significance) the medians alone judge, and the detail says so.
 """
 
 from __future__ import annotations
@@ -15,12 +22,14 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import OptConfigError
-from .schema import load_report
 from ..units import format_bytes, format_duration, format_ratio, shown
+from ..verdict.stats import SIGNIFICANCE, mann_whitney_greater, min_p_value
+from .schema import load_report
 
 
 @dataclass(frozen=True)
@@ -30,6 +39,8 @@ class _Metric:
     path: tuple[str, ...]
     higher_is_better: bool
     fmt: Callable[[float], str]
+    timed: bool = False  # a median over timed rounds: its threshold says which rule judged it
+    samples: str | None = None  # the per-round samples beside the figure (same side), when the report keeps them
 
 
 def _fmt_throughput(value: float) -> str:
@@ -45,11 +56,11 @@ def _fmt_fraction(value: float) -> str:
 
 
 METRICS: dict[str, _Metric] = {
-    "latency": _Metric(("optimized", "latency_s"), False, format_duration),
-    "ttft": _Metric(("optimized", "ttft_s"), False, format_duration),
-    "tpot": _Metric(("optimized", "tpot_s"), False, format_duration),
+    "latency": _Metric(("optimized", "latency_s"), False, format_duration, timed=True, samples="latency_samples_s"),
+    "ttft": _Metric(("optimized", "ttft_s"), False, format_duration, timed=True),
+    "tpot": _Metric(("optimized", "tpot_s"), False, format_duration, timed=True),
     "peak_memory": _Metric(("optimized", "peak_memory_bytes"), False, format_bytes),
-    "throughput": _Metric(("optimized", "throughput_tok_s"), True, _fmt_throughput),
+    "throughput": _Metric(("optimized", "throughput_tok_s"), True, _fmt_throughput, timed=True),
     "speedup": _Metric(("speedup",), True, format_ratio),
     "kl_mean": _Metric(("similarity", "kl_mean"), False, _fmt_kl),
     "kl_max": _Metric(("similarity", "kl_max"), False, _fmt_kl),
@@ -72,6 +83,10 @@ COMPARE_FAIL_FORMS = (
 
 REGRESSED_TAG = ": regressed"
 """Suffix of a detail that is a regression, so ``summarise`` can show only those."""
+
+SAMPLE_RULE = "mann-whitney"
+MEDIAN_RULE = "median"
+NOT_SIGNIFICANT = "not significant"
 
 _NUMBER = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)
 _REL_TOL = 1e-9  # a change equal to the limit (up to float rounding) is within it
@@ -254,44 +269,138 @@ def _test_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return reasons
 
 
-def _judge(threshold: Threshold, old: float | None, new: float | None) -> tuple[str, str | None]:
-    """(``regressed`` | ``improved`` | ``ok``, detail) for one threshold on one test."""
+def _samples(entry: dict[str, Any], metric: str) -> list[float] | None:
+    """The metric's per-round samples in a test entry; None when the report keeps none, or any is not a finite number."""
+    key = METRICS[metric].samples
+    side: Any = entry
+    for step in METRICS[metric].path[:-1]:
+        side = side.get(step) if isinstance(side, dict) else None
+    values = side.get(key) if key is not None and isinstance(side, dict) else None
+    if not isinstance(values, list) or not values:
+        return None
+    samples = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        try:
+            value = float(value)
+        except OverflowError:
+            return None
+        if not math.isfinite(value):
+            return None
+        samples.append(value)
+    return samples
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """How one timed threshold is judged: on both runs' rounds (the p-values), or on the medians alone (and why)."""
+
+    name: str  # SAMPLE_RULE or MEDIAN_RULE
+    why: str | None = None  # the median rule's reason
+    p_worse: float = 1.0  # one-sided: the new rounds are worse than the old ones moved by the limit
+    p_better: float = 1.0  # one-sided: the new rounds are better than the old ones moved by the limit
+    rounds: tuple[int, int] | None = None  # (old, new)
+
+
+def _moved(samples: list[float], threshold: Threshold, direction: int) -> list[float]:
+    """The old rounds moved by the limit, up (+1) or down (-1): what the new rounds are tested against."""
+    if threshold.relative:
+        return [v + direction * abs(v) * threshold.limit / 100.0 for v in samples]
+    return [v + direction * threshold.limit for v in samples]
+
+
+def _rule(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, Any], old: float, new: float) -> _Rule:
+    """The sample rule where both reports keep rounds that can reach significance; else the median rule and why."""
+    metric = threshold.metric
+    if METRICS[metric].samples is None:
+        return _Rule(MEDIAN_RULE, f"the reports keep no per-round {metric} samples")
+    if threshold.relative and old == 0:
+        return _Rule(MEDIAN_RULE, "the old median is 0")
+    rounds: dict[str, list[float]] = {}
+    for side, entry, figure in (("old", old_entry, old), ("new", new_entry, new)):
+        samples = _samples(entry, metric)
+        if samples is None:
+            return _Rule(MEDIAN_RULE, f"the {side} report keeps no per-round {metric} samples")
+        # samples that do not give the figure describe something else (an edited report): trust neither
+        if not math.isclose(statistics.median(samples), figure, rel_tol=1e-6, abs_tol=1e-12):
+            return _Rule(MEDIAN_RULE, f"the {side} report's {metric} samples do not give its median")
+        rounds[side] = samples
+    before, after = rounds["old"], rounds["new"]
+    if min_p_value(len(after), len(before)) >= SIGNIFICANCE:
+        return _Rule(MEDIAN_RULE, f"too few rounds ({len(before)}+{len(after)}) for a significance test")
+    p_up = mann_whitney_greater(after, _moved(before, threshold, +1))
+    p_down = mann_whitney_greater(_moved(before, threshold, -1), after)
+    worse, better = (p_down, p_up) if METRICS[metric].higher_is_better else (p_up, p_down)
+    return _Rule(SAMPLE_RULE, p_worse=worse, p_better=better, rounds=(len(before), len(after)))
+
+
+def _judge(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, Any]
+           ) -> tuple[str, str | None, dict[str, Any] | None]:
+    """(``regressed`` | ``improved`` | ``ok``, detail, judged record or None) for one threshold on one test.
+
+    The record (timed metrics only) is what the report's ``judged`` list keeps: both medians, the ratio,
+    the rule, its p-value and the verdict."""
     metric, fmt = threshold.metric, METRICS[threshold.metric].fmt
+    old, new = _figure(old_entry, metric), _figure(new_entry, metric)
     if old is not None and new is None:
-        return "regressed", f"{metric} {fmt(old)} -> not measured: missing in the new run{REGRESSED_TAG}"
+        return "regressed", f"{metric} {fmt(old)} -> not measured: missing in the new run{REGRESSED_TAG}", None
     if old is None and new is None:
-        return "ok", f"{metric} not measured in either run"
+        return "ok", f"{metric} not measured in either run", None
     if old is None:
         assert new is not None
-        return "ok", f"{metric} not measured in the old run (new: {fmt(new)})"
+        return "ok", f"{metric} not measured in the old run (new: {fmt(new)})", None
     assert new is not None
     amount = _worsening(metric, old, new, threshold.relative)
-    if _beyond(amount, threshold.limit):
-        verdict = "regressed"
-    elif _beyond(-amount, threshold.limit):
-        verdict = "improved"
+    worse, better = _beyond(amount, threshold.limit), _beyond(-amount, threshold.limit)
+    rule = _rule(threshold, old_entry, new_entry, old, new) if METRICS[metric].timed else None
+    if rule is not None and rule.name == SAMPLE_RULE:  # the medians must move past the limit, and significantly
+        significant_worse, significant_better = rule.p_worse < SIGNIFICANCE, rule.p_better < SIGNIFICANCE
     else:
-        verdict = "ok"
+        significant_worse = significant_better = True
+    verdict = ("regressed" if worse and significant_worse else "improved" if better and significant_better else "ok")
     change = _change(metric, old, new) if threshold.relative else _signed(metric, new - old)
     detail = f"{metric} {fmt(old)} -> {fmt(new)} ({change}, limit {_limit_text(threshold)})"
+    record = None
+    if rule is not None:
+        ratio = new / old if old != 0 else None
+        p_value = None
+        note = rule.why
+        if rule.name == SAMPLE_RULE:
+            p_value = rule.p_worse if amount >= 0 else rule.p_better
+            rule_text = f"Mann-Whitney p={p_value:.2g} on {rule.rounds[0]}+{rule.rounds[1]} rounds" if rule.rounds else ""
+            if verdict == "ok" and (worse or better):
+                note = NOT_SIGNIFICANT
+                rule_text += f", {NOT_SIGNIFICANT}"
+        else:
+            rule_text = f"median rule: {rule.why}"
+        detail += (f", ratio {format_ratio(ratio)}" if ratio is not None else "") + f", {rule_text}"
+        record = {"metric": metric, "threshold": threshold.describe(), "old": old, "new": new, "ratio": ratio,
+                  "rule": rule.name, "p_value": p_value, "rounds": list(rule.rounds) if rule.rounds else None,
+                  "note": note, "verdict": verdict}
     if verdict == "regressed":
         if threshold.relative and old == 0:
             detail += f" (a relative limit cannot hold from 0; use an absolute one, e.g. {metric}:0.01)"
         detail += REGRESSED_TAG
     elif verdict == "improved":
         detail += ": improved"
-    return verdict, detail
+    elif record is not None:
+        detail += ": ok"
+    return verdict, detail, record
 
 
 def _compare_test(old: dict[str, Any], new: dict[str, Any], thresholds: list[Threshold]) -> dict[str, Any]:
     details: list[str] = []
+    judged: list[dict[str, Any]] = []
     regressed = improved = False
     for threshold in thresholds:
-        verdict, detail = _judge(threshold, _figure(old, threshold.metric), _figure(new, threshold.metric))
+        verdict, detail, record = _judge(threshold, old, new)
         regressed |= verdict == "regressed"
         improved |= verdict == "improved"
         if detail:
             details.append(detail)
+        if record is not None:
+            judged.append(record)
     gated = {t.metric for t in thresholds}
     for metric in INFORMATIONAL_METRICS:
         if metric in gated:
@@ -305,7 +414,10 @@ def _compare_test(old: dict[str, Any], new: dict[str, Any], thresholds: list[Thr
     if list(old.get("baseline_techniques") or []) != list(new.get("baseline_techniques") or []):
         details.append(f"baseline changed: {old.get('baseline_techniques')} -> {new.get('baseline_techniques')}")
     verdict = "regressed" if regressed else "improved" if improved else "ok"
-    return {"verdict": verdict, "details": details}
+    result: dict[str, Any] = {"verdict": verdict, "details": details}
+    if judged:
+        result["judged"] = judged
+    return result
 
 
 def compare_reports(old: dict[str, Any], new: dict[str, Any], thresholds: list[Threshold]) -> dict[str, dict[str, Any]]:
@@ -334,11 +446,19 @@ def compare_reports(old: dict[str, Any], new: dict[str, Any], thresholds: list[T
     return verdicts
 
 
+def _tests(count: int) -> str:
+    return f"{count} test{'s' if count != 1 else ''}"
+
+
 def summarise(verdicts: dict[str, dict[str, Any]], against: str) -> list[str]:
-    """Terminal lines: each regressed test with what regressed, the reasons tests were not compared, the counts."""
+    """Terminal lines: each regressed test with what regressed; each timed figure whose medians moved past
+    the limit but not significantly (``within noise``); the tests the median rule judged, and why; the
+    reasons tests were not compared; the counts."""
     lines: list[str] = []
     counts = {verdict: 0 for verdict in VERDICTS}
     not_comparable: dict[str, int] = {}
+    median_rule: dict[str, int] = {}
+    noise_tag = f", {NOT_SIGNIFICANT}: ok"
     for nodeid, result in verdicts.items():
         verdict = result.get("verdict", "ok")
         counts[verdict] = counts.get(verdict, 0) + 1
@@ -350,8 +470,17 @@ def summarise(verdicts: dict[str, dict[str, Any]], against: str) -> list[str]:
         elif verdict == "not comparable":
             for reason in details:
                 not_comparable[reason] = not_comparable.get(reason, 0) + 1
+        noise = [d[: -len(": ok")] for d in details if d.endswith(noise_tag)]
+        if noise:
+            lines.append(f"within noise {nodeid}: {'; '.join(noise)}")
+        for record in result.get("judged") or []:
+            if isinstance(record, dict) and record.get("rule") == MEDIAN_RULE:
+                why = f"{record.get('metric')}: {record.get('note')}"
+                median_rule[why] = median_rule.get(why, 0) + 1
+    for why, count in median_rule.items():
+        lines.append(f"median rule ({_tests(count)}): {why}")
     for reason, count in not_comparable.items():
-        lines.append(f"not comparable ({count} test{'s' if count != 1 else ''}): {reason}")
+        lines.append(f"not comparable ({_tests(count)}): {reason}")
     counted = ", ".join(f"{counts[v]} {v}" for v in VERDICTS)
     extra = ", ".join(f"{n} {v}" for v, n in counts.items() if v not in VERDICTS)
     lines.append(f"compare: {counted}{', ' + extra if extra else ''} (against {against})")

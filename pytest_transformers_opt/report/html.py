@@ -6,8 +6,9 @@ piece of text from the report goes through :func:`html.escape`.
 
 Charts, each readable at a glance:
 
-- speedup per test, horizontal bars with a line at 1.0x (as fast as the baseline) and a tick at
-  the test's ``min_speedup`` budget;
+- speedup per test, horizontal bars with a line at 1.0x (as fast as the baseline), the 95% interval
+  as a whisker and a tick at the test's ``min_speedup`` budget; coloured only where the interval
+  excludes 1.0 (faster or slower), neutral where it does not or the report has no interval;
 - peak memory, baseline and optimized as paired bars, with the ratio and any ``max_memory`` tick;
 - KL divergence per test on a log scale, with the ``max_kl`` budget tick;
 - agreement with the baseline (top-1 and token match), with the ``min_top1`` and
@@ -28,6 +29,7 @@ from importlib import resources
 from typing import Any, Protocol
 
 from ..units import format_ratio
+from ..verdict.results import FASTER, SLOWER
 from . import view
 
 OK_COLOR = "#2e8b57"
@@ -36,6 +38,8 @@ WARN_COLOR = "#e09b2d"
 BASE_COLOR = "#9aa5b1"
 OPT_COLOR = "#3b6fd8"
 ALT_COLOR = "#8a5cc4"
+NEUTRAL_COLOR = "#b4bcc5"  # a ratio whose interval holds 1.0 (or has none): no difference to colour
+WHISKER_COLOR = "#1f2933"
 
 _WIDTH = 680
 _LABEL_W = 220
@@ -64,6 +68,7 @@ class Bar:
     series: str = ""
     marker: float | None = None
     marker_label: str = ""
+    interval: tuple[float, float] | None = None  # a 95% interval, drawn as a whisker across the bar's end
 
 
 @dataclass
@@ -205,6 +210,15 @@ def _svg_chart(
                 parts.append(f'<rect x="{_PLOT_X}" y="{by}" width="{width:.1f}" height="{bar_h}" rx="2" '
                              f'fill="{_e(bar.color)}"><title>{_e(tip)}</title></rect>')
                 end = _PLOT_X + width
+            if bar.interval is not None:
+                low, high = _x(scale, bar.interval[0]), _x(scale, bar.interval[1])
+                mid = by + bar_h / 2
+                parts.append(f'<g class="whisker" stroke="{WHISKER_COLOR}" stroke-width="1.5"><title>'
+                             f'95% interval {_e(view.format_ratio_interval(bar.interval))}</title>'
+                             f'<line x1="{low:.1f}" y1="{mid:.1f}" x2="{high:.1f}" y2="{mid:.1f}"/>'
+                             f'<line x1="{low:.1f}" y1="{by + 2}" x2="{low:.1f}" y2="{by + bar_h - 2}"/>'
+                             f'<line x1="{high:.1f}" y1="{by + 2}" x2="{high:.1f}" y2="{by + bar_h - 2}"/></g>')
+                end = max(end, high)
             text_x = end + 5
             if bar.marker is not None:
                 mx = _x(scale, bar.marker)
@@ -258,19 +272,24 @@ def speedup_chart(report: Mapping[str, Any]) -> str:
             continue
         value = _finite(raw)
         limit = _limit(test, "min_speedup")
+        verdict = test.get("speedup_verdict")
         if value is None or _failed(test, "min_speedup"):
             color = FAIL_COLOR
-        else:
-            color = OK_COLOR if value >= 1.0 else WARN_COLOR
-        rows.append(Row(_short_label(str(test["nodeid"])), str(test["nodeid"]), [Bar(
-            value, format_ratio(raw), color, "speedup",
-            limit, f"min_speedup {format_ratio(limit)}" if limit is not None else "")]))
-    values = [v for row in rows for bar in row.bars for v in (bar.value, bar.marker) if v is not None]
+        else:  # only a difference the interval shows is coloured
+            color = OK_COLOR if verdict == FASTER else WARN_COLOR if verdict == SLOWER else NEUTRAL_COLOR
+        interval = view.interval_bounds(test.get("speedup_interval"))
+        bar_text = " ".join(filter(None, (format_ratio(raw), view.format_ratio_interval(interval))))
+        rows.append(Row(_short_label(str(test["nodeid"])),
+                        f"{test['nodeid']}: speedup {view.format_ratio_verdict(test, 'speedup')}", [Bar(
+            value, bar_text, color, "speedup", limit, f"min_speedup {format_ratio(limit)}" if limit is not None else "",
+            interval)]))
+    values = [v for row in rows for bar in row.bars for v in (bar.value, bar.marker, *(bar.interval or ()))
+              if v is not None]
     scale = LinearScale(0.0, _nice_max(values, 1.0), lambda v: f"{v:g}x") if rows else None
     return _svg_chart(
         "chart-speedup", "Speedup per test", rows, scale,
-        legend=[("≥ 1.0x", OK_COLOR), ("< 1.0x", WARN_COLOR), ("budget failed", FAIL_COLOR),
-                ("min_speedup", "marker")],
+        legend=[("faster", OK_COLOR), ("slower", WARN_COLOR), ("not significant", NEUTRAL_COLOR),
+                ("budget failed", FAIL_COLOR), ("min_speedup", "marker")],
         ref_lines=[RefLine(1.0, "1.0x = baseline")],
     )
 
@@ -379,8 +398,8 @@ def agreement_chart(report: Mapping[str, Any]) -> str:
 
 
 CHARTS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], str]], ...] = (
-    ("Speedup", "Baseline median latency / optimized median latency. Right of the 1.0x line is faster.",
-     speedup_chart),
+    ("Speedup", "Baseline median latency / optimized median latency, with its 95% interval as a whisker. "
+     "Right of the 1.0x line is faster; coloured only where the interval excludes 1.0.", speedup_chart),
     ("Peak memory", "Peak device memory during load and generation; the ratio is optimized / baseline.",
      memory_chart),
     ("KL divergence", "Mean KL of next-token distributions; bars must stay left of the max_kl tick.", kl_chart),
@@ -436,6 +455,9 @@ def _results_table(report: Mapping[str, Any]) -> str:
             elif key == "token_match" and value.endswith(" (near-tie)"):
                 cells.append(f'<td class="num">{_e(value[: -len(" (near-tie)")])}'
                              '<span class="reason">near-tie</span></td>')
+            elif key in ("speedup", "memory_ratio") and " " in value:  # view.format_ratio_verdict's text
+                ratio, uncertainty = value.split(" ", 1)  # the interval and word under the ratio, free to wrap
+                cells.append(f'<td class="num">{_e(ratio)}<span class="reason">{_e(uncertainty)}</span></td>')
             elif key in _PAIR_KEYS and " / " in value:
                 optimized, baseline = value.split(" / ", 1)
                 cells.append(f'<td class="num pair"><span class="opt">{_e(optimized)}</span>'
@@ -497,6 +519,14 @@ def render_html(report: dict[str, Any]) -> str:
                    "<p>Not measured in this run; kept apart from the measured figures above.</p>")
         out.append(_html_table(["Test", "Figure", "Value (estimate)"],
                                ([r["test"], r["figure"], f"{r['value']} (estimate)"] for r in estimates)))
+        out.append("</section>")
+
+    compiled = view.compile_rows(report)
+    if compiled:
+        out.append('<section id="compile"><h2>Compile time</h2>'
+                   "<p>Warm-up time of the first compiled call, not in the figures above.</p>")
+        out.append(_html_table(["Test", "Compile time", "Compile cache", "Recompiles"],
+                               ([r["test"], r["compile_time"], r["cache"], r["recompiles"]] for r in compiled)))
         out.append("</section>")
 
     groups = view.skipped_groups(report)

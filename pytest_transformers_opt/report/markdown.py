@@ -2,8 +2,8 @@
 
 Layout, top to bottom: a one-line summary; the failed budgets (test, budget, measured, limit);
 the results table, one row per test, tests with failed budgets first; estimated figures in a
-section of their own (never in a column of measured ones); the skipped techniques grouped by
-reason; failures and errors; the advisor's summary; the environment in a collapsed
+section of their own (never in a column of measured ones); compile times with the compile cache's
+state; the skipped techniques grouped by reason; failures and errors; the advisor's summary; the environment in a collapsed
 ``<details>`` block.
 
 Every cell comes from :mod:`.view`, shared with the HTML page and the terminal table, so the
@@ -16,8 +16,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .view import (MISSING, advice_lines, budgets_mode_note, columns, context_text, environment_rows, estimate_rows,
-                   failed_budget_rows, one_line, problem_rows, skipped_groups, summary_text, table_rows)
+from .view import (MISSING, advice_lines, budgets_mode_note, columns, compile_rows, context_text, environment_rows,
+                   estimate_rows, failed_budget_rows, one_line, problem_rows, skipped_groups, summary_text, table_rows)
 
 
 # --------------------------------------------------------------------------- markdown
@@ -99,6 +99,13 @@ def render_markdown(report: dict[str, Any]) -> str:
             ([md_code(row["test"], in_table=True), md_text(row["figure"]), md_text(row["value"]) + " (estimate)"]
              for row in estimates),
         )
+
+    compiled = compile_rows(report)
+    if compiled:
+        out += ["", "### Compile time", "", "Warm-up time of the first compiled call, not in the figures above.", ""]
+        out += _md_table(["Test", "Compile time", "Compile cache", "Recompiles"],
+                         ([md_code(row["test"], in_table=True), md_text(row["compile_time"]), md_text(row["cache"]),
+                           md_text(row["recompiles"])] for row in compiled))
 
     groups = skipped_groups(report)
     if groups:

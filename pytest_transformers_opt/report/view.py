@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from ..units import failure_reason, format_bytes, format_duration, format_ratio
+from ..verdict.results import NO_DIFFERENCE
 
 MISSING = "-"
 
@@ -181,6 +182,42 @@ def format_estimate(name: str, value: Any) -> str:
     return format_plain(value)
 
 
+def interval_bounds(value: Any) -> tuple[float, float] | None:
+    """A report's ``[low, high]`` interval as two finite numbers, or None (missing or malformed)."""
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        return None
+    low, high = _number(value[0]), _number(value[1])
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        return None
+    return low, high
+
+
+def format_ratio_interval(value: Any) -> str:
+    """A ratio's 95% interval as the reports show it after the ratio: ``[1.05-1.19]``; ``""`` when there is none."""
+    bounds = interval_bounds(value)
+    return "" if bounds is None else f"[{bounds[0]:.2f}-{bounds[1]:.2f}]"
+
+
+# The terminal's narrow column says "no significant difference" as this (its footer explains it).
+SHORT_NO_DIFFERENCE = "n.s."
+
+
+def format_ratio_verdict(test: Mapping[str, Any], key: str, *, short: bool = False) -> str:
+    """A ratio with its 95% interval and verdict word where the report has them: ``1.12x [1.05-1.19] faster``,
+    ``0.62x smaller`` (no interval), ``1.41x`` (an older report). ``key``: ``speedup`` or ``memory_ratio``;
+    ``short``: the terminal's form of "no significant difference"."""
+    text = format_ratio(test.get(key))
+    if text == MISSING:
+        return text
+    interval = format_ratio_interval(test.get(f"{key}_interval"))
+    if interval:
+        text += " " + interval
+    verdict = test.get(f"{key}_verdict")
+    if isinstance(verdict, str) and verdict:
+        text += " " + (SHORT_NO_DIFFERENCE if short and verdict == NO_DIFFERENCE else one_line(verdict))
+    return text
+
+
 def format_pair(optimized: str, baseline: str) -> str:
     if optimized == MISSING and baseline == MISSING:
         return MISSING
@@ -303,9 +340,9 @@ def table_row(test: Mapping[str, Any]) -> dict[str, str]:
         "ttft": pair("ttft_s", format_seconds),
         "tpot": pair("tpot_s", format_seconds),
         "throughput": pair("throughput_tok_s", format_throughput),
-        "speedup": format_ratio(test.get("speedup")),
+        "speedup": format_ratio_verdict(test, "speedup"),
         "memory": pair("peak_memory_bytes", format_memory),
-        "memory_ratio": format_ratio(test.get("memory_ratio")),
+        "memory_ratio": format_ratio_verdict(test, "memory_ratio"),
         "token_match": token_match,
         "kl_mean": format_kl(similarity_figure(test, "kl_mean")),
         "top1": format_percent(similarity_figure(test, "top1")),
@@ -354,9 +391,9 @@ def terminal_row(test: Mapping[str, Any]) -> dict[str, str]:
         "ttft": pair("ttft_s", ms),
         "tpot": pair("tpot_s", ms),
         "throughput": pair("throughput_tok_s", lambda value: _compact(value, "{:.0f}")),
-        "speedup": format_ratio(test.get("speedup")),
+        "speedup": format_ratio_verdict(test, "speedup", short=True),
         "memory": pair("peak_memory_bytes", format_memory),
-        "memory_ratio": format_ratio(test.get("memory_ratio")),
+        "memory_ratio": format_ratio_verdict(test, "memory_ratio", short=True),
         "token_match": _compact(similarity_figure(test, "token_match"), "{:.2f}"),
         "kl_mean": _compact(similarity_figure(test, "kl_mean"), "{:.2e}"),
         "top1": _compact(similarity_figure(test, "top1"), "{:.2f}"),
@@ -369,6 +406,27 @@ def terminal_table(report: Mapping[str, Any]) -> list[list[str]]:
     keys = [key for key, _header in COLUMNS]
     return [[TERMINAL_HEADERS[key] for key in keys],
             *([cells[key] for key in keys] for _test, cells in table_rows(report, terminal_row))]
+
+
+COMPILE_CACHE_WORDS = {"warm": "warm", "cold": "cold", "partial": "partly warm"}
+
+
+def compile_cache_text(state: Any) -> str:
+    """A test's ``optimized.compile_cache`` in words; empty when it has none (no compile, an older report)."""
+    return COMPILE_CACHE_WORDS.get(state, "") if isinstance(state, str) else ""
+
+
+def compile_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Tests that measured a compile time: test, compile time, the compile cache's state, recompiles."""
+    rows = []
+    for test in sort_tests(_tests(report)):
+        seconds = side_figure(test, "optimized", "compile_time_s")
+        if seconds is None:
+            continue
+        rows.append({"test": str(test.get("nodeid")), "compile_time": format_seconds(seconds),
+                     "cache": compile_cache_text(side_figure(test, "optimized", "compile_cache")) or MISSING,
+                     "recompiles": format_plain(side_figure(test, "optimized", "recompiles"))})
+    return rows
 
 
 def failed_budget_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:

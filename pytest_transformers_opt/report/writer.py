@@ -22,7 +22,7 @@ from ..files import JSON_INT_LIMIT, MAX_JSON_DEPTH, write_atomic  # the reader's
 from ..verdict.results import CALL_SUFFIX, call_nodeid
 from ..units import failure_reason, format_duration
 from .schema import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, validate_report
-from .view import format_memory, format_percent, format_rate, terminal_table
+from .view import compile_cache_text, format_memory, format_percent, format_rate, terminal_table
 
 if TYPE_CHECKING:
     from ..session import OptSession, TestRecord
@@ -104,8 +104,10 @@ def entries_of(record: "TestRecord") -> list[dict[str, Any]]:
     base: dict[str, Any] = {
         "nodeid": record.nodeid, "outcome": record.outcome, "skip_reason": record.skip_reason,
         "error": record.error, "model": None, "techniques": [], "baseline_techniques": [], "workload": None,
-        "baseline": None, "optimized": None, "speedup": None, "memory_ratio": None, "similarity": None,
-        "budgets": [], "failed_budgets": [], "estimates": {}, "regression": None,
+        "baseline": None, "optimized": None, "speedup": None, "memory_ratio": None,
+        "speedup_interval": None, "speedup_verdict": None, "speedup_interval_note": None,
+        "memory_ratio_interval": None, "memory_ratio_verdict": None, "memory_ratio_interval_note": None,
+        "similarity": None, "budgets": [], "failed_budgets": [], "estimates": {}, "regression": None,
     }
     if record.plan is not None:
         plan = record.plan
@@ -114,9 +116,18 @@ def entries_of(record: "TestRecord") -> list[dict[str, Any]]:
         base["techniques"] = list(plan.declared)
         base["baseline_techniques"] = plan.baseline.labels
     if len(record.results) <= 1:
-        return [_clean({**base, **(record.results[0].to_dict() if record.results else {})})]
-    return [_clean({**base, **result.to_dict(), "nodeid": call_nodeid(record.nodeid, call), "call": call})
+        return [_clean({**base, **(_result_dict(record, record.results[0]) if record.results else {})})]
+    return [_clean({**base, **_result_dict(record, result), "nodeid": call_nodeid(record.nodeid, call), "call": call})
             for call, result in enumerate(record.results, start=1)]
+
+
+def _result_dict(record: "TestRecord", result: Any) -> dict[str, Any]:
+    """One opt_bench call's figures, with the test's compile cache state beside a compile time it measured."""
+    data: dict[str, Any] = result.to_dict()
+    optimized = data.get("optimized")
+    if isinstance(optimized, dict):
+        optimized["compile_cache"] = record.compile_cache if optimized.get("compile_time_s") is not None else None
+    return data
 
 
 def _entry_order(entry: dict[str, Any]) -> tuple[str, int]:
@@ -157,6 +168,11 @@ def render_table(rows: list[list[str]], separator: str = "  ", rule_separator: s
     return lines
 
 
+def _cache_words(state: Any) -> str:
+    text = compile_cache_text(state)
+    return f" (compile cache {text})" if text else ""
+
+
 def terminal_lines(report: dict[str, Any]) -> list[str]:
     """The ``--opt-report`` text: the table, skip reasons, compile times, decode efficiency, errors."""
     if not report["tests"]:
@@ -174,7 +190,8 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
     compiled = [t for t in report["tests"] if (t.get("optimized") or {}).get("compile_time_s") is not None]
     if compiled:
         lines += ["", "compile time (warm-up, not in the figures above):"]
-        lines += [f"  {t['nodeid'].split('::')[-1]}: {format_duration(t['optimized']['compile_time_s'])}, "
+        lines += [f"  {t['nodeid'].split('::')[-1]}: {format_duration(t['optimized']['compile_time_s'])}"
+                  f"{_cache_words(t['optimized'].get('compile_cache'))}, "
                   f"recompiles during measured rounds: {t['optimized'].get('recompiles')}" for t in compiled]
     errors = [t for t in report["tests"] if t["outcome"] in ("failed", "error") and not t["failed_budgets"] and t["error"]]
     if errors:
@@ -197,7 +214,8 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
     lines += ["", f"measured on {env.get('device')} ({env.get('gpu_name') or env.get('platform')}), torch "
                   f"{env.get('torch')}, transformers {env.get('transformers')}; all figures measured, medians of "
                   f"{report['settings']['rounds']} interleaved rounds unless a note says otherwise; peak memory is a "
-                  f"delta over what was resident before load"]
+                  f"delta over what was resident before load; speedup [95% interval] and verdict (n.s.: no "
+                  f"significant difference)"]
     return lines
 
 

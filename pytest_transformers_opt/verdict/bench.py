@@ -366,7 +366,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
             model={"name_or_path": plan.marked.model.name_or_path, "revision": plan.marked.model.revision,
                    "dtype": plan.probe_context.dtype},
             notes=list(notes), estimates=_decode_estimates(session, opt, workload, optimized),
-        )
+        ).with_intervals(paired=base is not None)  # a stored baseline's rounds were not taken in turns
 
     if maximum:
         warm_until_stable(warm_both, 1, maximum - minimum, previous=first)
@@ -454,7 +454,7 @@ def _run_tensor_parallel_bench(session: "OptSession", plan: "TestPlan", base: Op
         notes=[f"tensor_parallel: {tp.world_size} torchrun ranks, {min(tp.sharded_params)} sharded parameters per "
                f"rank; peak memory is the largest rank's; baseline and optimized rounds ran as two blocks, not "
                f"interleaved", *forced_note],
-    )
+    ).with_intervals(paired=False)
 
 
 def judge_budgets(session: "OptSession", plan: "TestPlan", measured: Measurement) -> OptResult:

@@ -6,8 +6,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .budgets import BudgetCheck
+from .budgets import MEMORY_SLACK_BYTES, MEMORY_SLACK_FRACTION, BudgetCheck
 from .similarity import Similarity
+from ..units import format_bytes
 
 DEFAULT_PROMPTS = (
     "Explain gravity in one sentence.",
@@ -16,6 +17,12 @@ DEFAULT_PROMPTS = (
 )
 
 CALL_SUFFIX = "[opt_bench call "
+
+# The verdict words of a ratio's interval: FASTER when it lies wholly above 1.0, SLOWER wholly below.
+FASTER, SLOWER, NO_DIFFERENCE = "faster", "slower", "no significant difference"
+SMALLER, LARGER = "smaller", "larger"  # a memory ratio: past the measurement slack either way
+SPEEDUP_VERDICTS = (FASTER, SLOWER, NO_DIFFERENCE)
+MEMORY_VERDICTS = (SMALLER, LARGER, NO_DIFFERENCE)
 
 
 def call_nodeid(nodeid: str, call: int) -> str:
@@ -83,6 +90,14 @@ class OptResult:
     confirmed: bool = False  # a speed budget failed once and was measured again
     notes: list[str] = field(default_factory=list)  # how figures were obtained, where it differs
     estimates: dict[str, float] = field(default_factory=dict)  # modelled figures, never beside measured ones
+    # The uncertainty of the two ratios (set by ``with_intervals``): a 95% interval, the verdict word
+    # (SPEEDUP_VERDICTS / MEMORY_VERDICTS) and, where the interval is None, why.
+    speedup_interval: tuple[float, float] | None = None
+    speedup_verdict: str | None = None
+    speedup_interval_note: str | None = None
+    memory_ratio_interval: tuple[float, float] | None = None
+    memory_ratio_verdict: str | None = None
+    memory_ratio_interval_note: str | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -93,6 +108,38 @@ class OptResult:
     def memory_ratio(self) -> float | None:
         b, o = self.baseline.peak_memory_bytes, self.optimized.peak_memory_bytes
         return o / b if b and o is not None else None
+
+    def with_intervals(self, *, paired: bool) -> "OptResult":
+        """Set the speedup's and the memory ratio's interval and verdict word from the measured samples; self.
+
+        ``paired``: the latency samples are interleaved rounds (round i of each side taken in turn), so
+        the bootstrap resamples whole rounds; otherwise (a stored baseline, sides run as two blocks)
+        each side on its own. Peak memory is read once per side: there is no spread to bound, so its
+        interval stays None and its word compares the difference with the memory budgets' slack.
+        """
+        from .stats import MIN_BOOTSTRAP_SAMPLES, median_ratio_interval
+
+        self.speedup_interval = self.speedup_verdict = self.speedup_interval_note = None
+        if self.speedup is not None:
+            base, opt = self.baseline.latency_samples_s, self.optimized.latency_samples_s
+            self.speedup_interval = median_ratio_interval(base, opt, paired=paired and len(base) == len(opt))
+            if self.speedup_interval is None:
+                self.speedup_interval_note = (f"{min(len(base), len(opt))} timed rounds on the smaller side: a 95% "
+                                              f"interval needs at least {MIN_BOOTSTRAP_SAMPLES}")
+            else:
+                low, high = self.speedup_interval
+                self.speedup_verdict = FASTER if low > 1.0 else SLOWER if high < 1.0 else NO_DIFFERENCE
+        self.memory_ratio_interval = self.memory_ratio_verdict = self.memory_ratio_interval_note = None
+        base_bytes, opt_bytes = self.baseline.peak_memory_bytes, self.optimized.peak_memory_bytes
+        if self.memory_ratio is not None and base_bytes is not None and opt_bytes is not None:
+            slack = max(MEMORY_SLACK_BYTES, MEMORY_SLACK_FRACTION * base_bytes)
+            difference = opt_bytes - base_bytes
+            self.memory_ratio_verdict = SMALLER if difference < -slack else LARGER if difference > slack \
+                else NO_DIFFERENCE
+            self.memory_ratio_interval_note = (f"peak memory is read once per side, so there is no spread to "
+                                               f"bound; the verdict allows {format_bytes(slack)} of measurement "
+                                               f"slack, as the memory budgets do")
+        return self
 
     @property
     def failed_budgets(self) -> list[str]:
@@ -114,6 +161,12 @@ class OptResult:
             "optimized": self.optimized.to_dict(),
             "speedup": clean(self.speedup),
             "memory_ratio": clean(self.memory_ratio),
+            "speedup_interval": list(self.speedup_interval) if self.speedup_interval else None,
+            "speedup_verdict": self.speedup_verdict,
+            "speedup_interval_note": self.speedup_interval_note,
+            "memory_ratio_interval": list(self.memory_ratio_interval) if self.memory_ratio_interval else None,
+            "memory_ratio_verdict": self.memory_ratio_verdict,
+            "memory_ratio_interval_note": self.memory_ratio_interval_note,
             "similarity": sim,
             "budgets": [c.to_dict() for c in self.budgets],
             "failed_budgets": self.failed_budgets,

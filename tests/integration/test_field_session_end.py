@@ -202,7 +202,7 @@ def test_hook_fields_are_strict_json_and_round_trip_through_compare(pytester):
             assert result.stdout.lines[0].startswith(".")
         assert result.ret == pytest.ExitCode.TESTS_FAILED, quiet
         result.stdout.fnmatch_lines([
-            "REGRESSED test_user.py::test_sdpa: latency * (+*%, limit 10%)",
+            "REGRESSED test_user.py::test_sdpa: latency * (+*%, limit 10%)*",
             "transformers-opt: 1 test regressed past --opt-compare-fail=latency:10% against "
             "--opt-compare=*earlier.json: the run fails"])
         second = _strict_json(pytester.path / "second.json")

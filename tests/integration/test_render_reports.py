@@ -582,6 +582,83 @@ def test_html_lists_failed_budgets_table_skips_estimates_and_environment() -> No
     assert "<details><summary>Environment</summary>" in page and "NVIDIA H200" in page
 
 
+def report_with_intervals() -> dict[str, Any]:
+    """The sample report as this version writes it: the speedup's 95% interval and each ratio's verdict word."""
+    report = sample_report()
+    figures = {  # nodeid -> (speedup interval, speedup verdict, memory verdict)
+        SDPA_ID: ([1.30, 1.52], "faster", "no significant difference"),
+        COMPILE_ID: ([2.01, 2.35], "faster", "larger"),
+        FOUR_BIT_ID: ([0.66, 0.77], "slower", "smaller"),
+        QKV_ID: ([0.85, 1.04], "no significant difference", "smaller"),
+    }
+    for test in report["tests"]:
+        if test["nodeid"] in figures:
+            interval, speedup_verdict, memory_verdict = figures[test["nodeid"]]
+            test.update(speedup_interval=interval, speedup_verdict=speedup_verdict, speedup_interval_note=None,
+                        memory_ratio_interval=None, memory_ratio_verdict=memory_verdict,
+                        memory_ratio_interval_note="peak memory is read once per side, so there is no spread to "
+                                                   "bound")
+    return report
+
+
+def test_every_format_shows_the_interval_and_the_verdict_word() -> None:
+    from pytest_transformers_opt.report.writer import terminal_lines
+
+    report = report_with_intervals()
+    validate_report(json.loads(json.dumps(report)))
+    markdown = render_markdown(report)
+    row = next(line for line in _table_lines(_section(markdown, "Results")) if QKV_ID.split("[")[0] in line)
+    cells = [cell.strip() for cell in _cells(row)]
+    assert cells[6] == "0.92x \\[0.85-1.04\\] no significant difference"  # brackets escaped for GitHub
+    assert cells[8] == "0.87x smaller"
+    sdpa = [cell.strip() for cell in _cells(next(line for line in _table_lines(_section(markdown, "Results"))
+                                                 if SDPA_ID in line))]
+    assert sdpa[6] == "1.41x \\[1.30-1.52\\] faster" and sdpa[8] == "1.03x no significant difference"
+    lines = terminal_lines(report)
+    sdpa_line = next(line for line in lines if line.startswith("test_static_cache_with_sdpa"))
+    assert "1.41x [1.30-1.52] faster" in sdpa_line and "1.03x n.s." in sdpa_line
+    assert "0.92x [0.85-1.04] n.s." in next(line for line in lines if line.startswith("test_quantized_kv_cache"))
+    assert "n.s.: no significant difference" in lines[-1]
+    page = render_html(report)
+    results = page[page.index('<table class="results">'):]
+    assert '1.41x<span class="reason">[1.30-1.52] faster</span>' in results  # the interval wraps under the ratio
+    assert '0.71x<span class="reason">[0.66-0.77] slower</span>' in results
+    speedup = page[page.index('id="chart-speedup"'): page.index("</svg>", page.index('id="chart-speedup"'))]
+    assert speedup.count('class="whisker"') == 4 and "<title>95% interval [1.30-1.52]</title>" in speedup
+    assert "1.41x [1.30-1.52]" in speedup
+
+
+def _speedup_bar_fill(page: str, nodeid: str) -> str:
+    speedup = page[page.index('id="chart-speedup"'): page.index("</svg>", page.index('id="chart-speedup"'))]
+    row = speedup[speedup.index(f"<title>{nodeid}"):]
+    return re.search(r'<rect [^>]*fill="([^"]+)"', row).group(1)
+
+
+def test_html_colours_only_significant_speedups() -> None:
+    from pytest_transformers_opt.report.html import FAIL_COLOR, NEUTRAL_COLOR, OK_COLOR, WARN_COLOR
+
+    page = render_html(report_with_intervals())
+    assert _speedup_bar_fill(page, SDPA_ID) == OK_COLOR  # interval above 1.0
+    assert _speedup_bar_fill(page, FOUR_BIT_ID) == WARN_COLOR  # interval below 1.0 (its failed budgets are others)
+    qkv = QKV_ID.replace("<", "&lt;").replace(">", "&gt;")
+    assert _speedup_bar_fill(page, qkv) == NEUTRAL_COLOR  # the interval holds 1.0: no difference to colour
+    report = report_with_intervals()
+    failed = next(test for test in report["tests"] if test["nodeid"] == QKV_ID)
+    failed["failed_budgets"] = ["min_speedup"]
+    assert _speedup_bar_fill(render_html(report), qkv) == FAIL_COLOR  # a failed min_speedup stays red
+    # an older report has no interval: a point estimate alone is not coloured as a difference
+    assert _speedup_bar_fill(render_html(sample_report()), SDPA_ID) == NEUTRAL_COLOR
+
+
+def test_the_schema_checks_the_interval_fields() -> None:
+    report = report_with_intervals()
+    report["tests"][0]["speedup_interval"] = [1.3, 1.4, 1.5]
+    report["tests"][1]["speedup_verdict"] = "quicker"
+    with pytest.raises(ValueError) as raised:
+        validate_report(report)
+    assert "speedup_interval" in str(raised.value) and "'quicker' is not one of" in str(raised.value)
+
+
 def test_html_of_an_empty_run_still_draws_every_chart() -> None:
     report = {**sample_report(), "tests": [], "advice": None}
     page = render_html(report)
@@ -682,7 +759,7 @@ def test_report_dicts_are_not_modified_by_rendering() -> None:
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian package chromium) at /usr/bin/chromium")
 def test_html_results_table_fits_a_laptop_screen_with_long_unbroken_labels(tmp_path: Path) -> None:
     """A vendored kernel's absolute path is one long word: it must wrap, not push Top-1 off the screen."""
-    report = sample_report()
+    report = report_with_intervals()  # the widest speedup cells: ratio, interval and verdict word
     path = "/home/ci/work/" + "deep-folder-name/" * 6 + "vendor/rms-norm"
     report["tests"][0]["techniques"] = [f"kernels(layers={{'RMSNorm': 'RMSNorm'}}, local='{path}')"]
     report["tests"][2]["skip_reason"] = f"kernels(local='{path}') needs the kernels package; found: not installed"

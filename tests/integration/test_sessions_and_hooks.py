@@ -163,3 +163,36 @@ def test_gpu(opt_bench):
     assert summary.read_text().strip() == markdown.strip()
     html = (pytester.path / "r.html").read_text()
     assert "<svg" in html and "test_fast" in html
+    fast = run.test("test_fast")  # 2 rounds (the suite's quick setting): too few for an interval, and said so
+    assert fast["speedup_interval"] is None and fast["speedup_verdict"] is None
+    assert "needs at least 5" in fast["speedup_interval_note"]
+
+
+def test_speedup_and_memory_ratio_carry_their_interval_and_verdict_in_every_format(run_user, pytester):
+    from pytest_transformers_opt.verdict.results import MEMORY_VERDICTS, SPEEDUP_VERDICTS
+
+    run = run_user('''
+import pytest
+
+@pytest.mark.optimization("sdpa")
+def test_sdpa(opt_bench):
+    opt_bench(max_new_tokens=4)
+''', "--opt-rounds=5", "--opt-report", f"--opt-report-md={pytester.path / 'r.md'}",
+                   f"--opt-report-html={pytester.path / 'r.html'}")
+    run.result.assert_outcomes(passed=1)
+    test = run.test("test_sdpa")
+    low, high = test["speedup_interval"]
+    assert low <= test["speedup"] <= high
+    expected = "faster" if low > 1.0 else "slower" if high < 1.0 else "no significant difference"
+    assert test["speedup_verdict"] == expected and expected in SPEEDUP_VERDICTS
+    assert test["speedup_interval_note"] is None
+    assert test["memory_ratio_interval"] is None and "read once per side" in test["memory_ratio_interval_note"]
+    assert test["memory_ratio_verdict"] in MEMORY_VERDICTS
+    shown = f"[{low:.2f}-{high:.2f}]"
+    short = "n.s." if expected == "no significant difference" else expected
+    row = next(line for line in run.result.stdout.lines if line.startswith("test_sdpa "))
+    assert f"{shown} {short}" in row  # the terminal table
+    markdown = (pytester.path / "r.md").read_text()
+    assert shown.replace("[", "\\[").replace("]", "\\]") + f" {expected}" in markdown
+    html = (pytester.path / "r.html").read_text()
+    assert f'<span class="reason">{shown} {expected}</span>' in html and 'class="whisker"' in html

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import statistics
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from pytest_transformers_opt.report.compare import (METRICS, Threshold, compare_
                                              parse_compare_fail, summarise)
 from pytest_transformers_opt.errors import OptConfigError
 from pytest_transformers_opt.report.schema import validate_report
+from pytest_transformers_opt.verdict.stats import SIGNIFICANCE
 
 CPU_ENV: dict[str, Any] = {
     "python": "3.12.0", "platform": "Linux", "torch": "2.13.0", "transformers": "5.24.0", "accelerate": "1.0",
@@ -37,8 +39,9 @@ BASE_FIGURES: dict[str, Any] = {
 def _metrics(figures: dict[str, Any]) -> dict[str, Any]:
     return {"ttft_s": figures.get("ttft_s"), "tpot_s": figures.get("tpot_s"), "latency_s": figures.get("latency_s"),
             "throughput_tok_s": figures.get("throughput_tok_s"), "peak_memory_bytes": figures.get("peak_memory_bytes"),
-            "load_time_s": 0.5, "compile_time_s": None, "tokens_generated": 16, "recompiles": None, "rounds": 3,
-            "latency_samples_s": []}
+            "load_time_s": 0.5, "compile_time_s": None, "tokens_generated": 16, "recompiles": None,
+            "rounds": len(figures.get("latency_samples_s") or []) or 3,
+            "latency_samples_s": list(figures.get("latency_samples_s") or [])}
 
 
 def make_test(nodeid: str, outcome: str = "passed", measured: bool = True, model: dict[str, Any] | None = None,
@@ -78,6 +81,12 @@ def make_report(*tests: dict[str, Any], env: dict[str, Any] | None = None) -> di
 
 
 T = "tests/test_x.py::test_a"
+
+
+def sampled(samples_ms: list[float], nodeid: str = T, **figures: Any) -> dict[str, Any]:
+    """A test entry whose optimized side kept these per-round latencies (ms); its latency is their median."""
+    samples = [v / 1000 for v in samples_ms]
+    return make_test(nodeid, latency_s=statistics.median(samples), latency_samples_s=samples, **figures)
 
 
 def one(old_test: dict[str, Any], new_test: dict[str, Any], spec: str, **kw: Any) -> dict[str, Any]:
@@ -195,13 +204,15 @@ def test_describe_round_trips(metric: str, x: float, relative: bool) -> None:
 def test_ok_within_threshold_with_details() -> None:
     result = one(make_test(T), make_test(T, latency_s=0.0125), "latency:10%")
     assert result["verdict"] == "ok"
-    assert "latency 12.0 ms -> 12.5 ms (+4.2%, limit 10%)" in result["details"]
+    assert ("latency 12.0 ms -> 12.5 ms (+4.2%, limit 10%), ratio 1.04x, "
+            "median rule: the old report keeps no per-round latency samples: ok") in result["details"]
 
 
 def test_regressed_relative() -> None:
     result = one(make_test(T), make_test(T, latency_s=0.0135), "latency:10%")
     assert result["verdict"] == "regressed"
-    assert "latency 12.0 ms -> 13.5 ms (+12.5%, limit 10%): regressed" in result["details"]
+    assert ("latency 12.0 ms -> 13.5 ms (+12.5%, limit 10%), ratio 1.12x, "
+            "median rule: the old report keeps no per-round latency samples: regressed") in result["details"]
 
 
 def test_exactly_at_the_limit_is_ok() -> None:
@@ -254,7 +265,8 @@ def test_direction_of_each_metric(spec: str, figures: dict[str, float], verdict:
 
 def test_higher_is_better_detail_shows_the_drop() -> None:
     result = one(make_test(T), make_test(T, throughput_tok_s=700.0), "throughput:10%")
-    assert "throughput 800.0 tok/s -> 700.0 tok/s (-12.5%, limit -10%): regressed" in result["details"]
+    assert ("throughput 800.0 tok/s -> 700.0 tok/s (-12.5%, limit -10%), ratio 0.88x, "
+            "median rule: the reports keep no per-round throughput samples: regressed") in result["details"]
 
 
 def test_absolute_vs_relative_threshold() -> None:
@@ -268,7 +280,8 @@ def test_absolute_vs_relative_threshold() -> None:
 def test_absolute_threshold_in_report_units() -> None:
     result = one(make_test(T), make_test(T, latency_s=0.014), "latency:0.001")  # 1 ms
     assert result["verdict"] == "regressed"
-    assert result["details"][0] == "latency 12.0 ms -> 14.0 ms (+2.0 ms, limit +1.0 ms): regressed"
+    assert result["details"][0] == ("latency 12.0 ms -> 14.0 ms (+2.0 ms, limit +1.0 ms), ratio 1.17x, "
+                                    "median rule: the old report keeps no per-round latency samples: regressed")
 
 
 def test_relative_from_zero() -> None:
@@ -368,10 +381,122 @@ def test_technique_change_is_noted() -> None:
     assert "techniques changed: ['sdpa'] -> ['sdpa', 'static_cache']" in result["details"]
 
 
-def test_verdict_is_schema_shaped() -> None:
-    result = one(make_test(T), make_test(T, latency_s=0.02), "latency:10%")
-    assert set(result) == {"verdict", "details"} and all(isinstance(d, str) for d in result["details"])
-    json.dumps(result)
+@pytest.mark.parametrize("old, new", [(make_test(T), make_test(T, latency_s=0.02)),
+                                      (sampled([10, 11, 12, 13, 14]), sampled([15, 16, 17, 18, 19]))])
+def test_verdict_is_schema_shaped(old: dict[str, Any], new: dict[str, Any]) -> None:
+    result = one(old, new, "latency:10%,ttft:5%,kl_mean:0.01")
+    assert set(result) == {"verdict", "details", "judged"} and all(isinstance(d, str) for d in result["details"])
+    assert [r["metric"] for r in result["judged"]] == ["latency", "ttft"]  # timed thresholds only
+    report = make_report(new)
+    report["tests"][0]["regression"] = result
+    validate_report(json.loads(json.dumps(report)))
+
+
+# --- the sample rule: timed thresholds judged on both runs' rounds -------------------------------------
+
+# the same configuration twice, rounds overlapping; one huge outlier in the new run moves its median
+# from the fast cluster to the slow one: +15%, past latency:10% by the medians alone
+NULL_OLD = [10.0, 10.1, 10.2, 10.3, 11.8, 11.9, 12.0]
+NULL_NEW = [10.05, 10.15, 10.25, 11.85, 11.95, 12.05, 60.0]
+
+
+def test_noisy_null_passes_on_its_samples() -> None:
+    result = one(sampled(NULL_OLD), sampled(NULL_NEW), "latency:10%")
+    assert result["verdict"] == "ok"
+    (judged,) = result["judged"]
+    assert judged["rule"] == "mann-whitney" and judged["ratio"] > 1.1 and judged["p_value"] >= SIGNIFICANCE
+    assert judged["rounds"] == [7, 7] and judged["note"] == "not significant" and judged["verdict"] == "ok"
+    assert result["details"][0] == (f"latency 10.3 ms -> 11.8 ms (+15.0%, limit 10%), ratio 1.15x, "
+                                    f"Mann-Whitney p={judged['p_value']:.2g} on 7+7 rounds, not significant: ok")
+
+
+def test_the_same_null_without_samples_regresses_by_the_median_rule() -> None:
+    old, new = sampled(NULL_OLD), sampled(NULL_NEW)
+    old["optimized"]["latency_samples_s"] = []  # a report written before samples were kept
+    result = one(old, new, "latency:10%")
+    assert result["verdict"] == "regressed"
+    assert result["judged"][0]["rule"] == "median" and result["judged"][0]["p_value"] is None
+    assert result["details"][0].endswith("median rule: the old report keeps no per-round latency samples: regressed")
+
+
+# rounds spread by +-8%, as on a shared 2-core machine
+SPREAD = [10.0, 10.3, 10.5, 10.6, 10.9, 11.2, 11.6]
+
+
+def test_real_slowdown_fails() -> None:
+    slowed = [v * 1.25 for v in SPREAD]
+    result = one(sampled(SPREAD), sampled(slowed), "latency:10%")
+    assert result["verdict"] == "regressed"
+    (judged,) = result["judged"]
+    assert judged["rule"] == "mann-whitney" and judged["p_value"] < SIGNIFICANCE
+    assert math.isclose(judged["ratio"], 1.25)
+    assert result["details"][0] == (f"latency 10.6 ms -> 13.2 ms (+25.0%, limit 10%), ratio 1.25x, "
+                                    f"Mann-Whitney p={judged['p_value']:.2g} on 7+7 rounds: regressed")
+    # one huge outlier round (either run) does not hide it
+    assert one(sampled(SPREAD), sampled([*slowed[:-1], 60.0]), "latency:10%")["verdict"] == "regressed"
+    assert one(sampled([*SPREAD[:-1], 60.0]), sampled(slowed), "latency:10%")["verdict"] == "regressed"
+
+
+def test_slowdown_within_the_limit_is_ok_even_when_significant() -> None:
+    result = one(sampled(SPREAD), sampled([v * 1.05 for v in SPREAD]), "latency:10%")
+    assert result["verdict"] == "ok" and result["judged"][0]["note"] is None
+
+
+def test_significance_is_against_the_old_rounds_moved_by_the_limit() -> None:
+    """Medians 12% apart, every new round slower: significantly slower, but not significantly past +10%."""
+    old = [10.0, 10.5, 11.0, 11.5, 12.0]
+    result = one(sampled(old), sampled([v * 1.12 for v in old]), "latency:10%")
+    assert result["verdict"] == "ok" and result["judged"][0]["note"] == "not significant"
+
+
+def test_improvement_needs_significance_too() -> None:
+    assert one(sampled(SPREAD), sampled([v * 0.75 for v in SPREAD]), "latency:10%")["verdict"] == "improved"
+    result = one(sampled(NULL_NEW), sampled(NULL_OLD), "latency:10%")  # -13% by the medians: noise again
+    assert result["verdict"] == "ok" and result["judged"][0]["note"] == "not significant"
+
+
+def test_absolute_limit_on_samples() -> None:
+    result = one(sampled(SPREAD), sampled([v + 3 for v in SPREAD]), "latency:0.001")  # 1 ms
+    assert result["verdict"] == "regressed" and result["judged"][0]["rule"] == "mann-whitney"
+    assert one(sampled(NULL_OLD), sampled(NULL_NEW), "latency:0.001")["verdict"] == "ok"
+
+
+@pytest.mark.parametrize("old, new, why", [
+    ([10.0, 10.2], [20.0, 21.0], "too few rounds (2+2) for a significance test"),
+    ([10.0, 10.1, 10.2, 10.3], [20.0], "too few rounds (4+1) for a significance test"),
+])
+def test_too_few_rounds_fall_back_to_the_median_rule(old: list[float], new: list[float], why: str) -> None:
+    result = one(sampled(old), sampled(new), "latency:10%")
+    assert result["verdict"] == "regressed"
+    assert result["judged"][0]["rule"] == "median" and result["judged"][0]["note"] == why
+    assert result["details"][0].endswith(f"median rule: {why}: regressed")
+
+
+def test_samples_that_do_not_give_the_median_fall_back() -> None:
+    old = sampled(NULL_OLD)
+    old["optimized"]["latency_s"] *= 0.5  # an edited report: its figure and its rounds disagree
+    result = one(old, sampled(NULL_OLD), "latency:10%")
+    assert result["verdict"] == "regressed"
+    assert result["judged"][0]["note"] == "the old report's latency samples do not give its median"
+
+
+def test_timed_metrics_without_samples_say_so() -> None:
+    result = one(sampled(NULL_OLD), sampled(NULL_OLD, ttft_s=0.003), "ttft:10%")
+    assert result["verdict"] == "regressed"
+    assert result["judged"][0]["note"] == "the reports keep no per-round ttft samples"
+
+
+def test_summarise_names_noise_and_the_median_rule() -> None:
+    old = make_report(sampled(NULL_OLD, "t::a"), make_test("t::b"))
+    new = make_report(sampled(NULL_NEW, "t::a"), make_test("t::b"))
+    lines = summarise(compare_reports(old, new, parse_compare_fail("latency:10%")), "o.json")
+    p_value = compare_reports(old, new, parse_compare_fail("latency:10%"))["t::a"]["judged"][0]["p_value"]
+    assert lines == [
+        f"within noise t::a: latency 10.3 ms -> 11.8 ms (+15.0%, limit 10%), ratio 1.15x, "
+        f"Mann-Whitney p={p_value:.2g} on 7+7 rounds, not significant",
+        "median rule (1 test): latency: the old report keeps no per-round latency samples",
+        "compare: 0 regressed, 0 improved, 2 ok, 0 new, 0 not comparable (against o.json)",
+    ]
 
 
 # --- summarise and loading -----------------------------------------------------------------------
@@ -385,8 +510,9 @@ def test_summarise_lines() -> None:
     verdicts = compare_reports(old, new, parse_compare_fail("latency:10%,peak_memory:5%"))
     lines = summarise(verdicts, against="old.json")
     assert lines == [
-        "REGRESSED t::a: latency 12.0 ms -> 20.0 ms (+66.7%, limit 10%); "
-        "peak_memory 1.00 GiB -> 2.00 GiB (+100.0%, limit 5%)",
+        "REGRESSED t::a: latency 12.0 ms -> 20.0 ms (+66.7%, limit 10%), ratio 1.67x, median rule: the old report "
+        "keeps no per-round latency samples; peak_memory 1.00 GiB -> 2.00 GiB (+100.0%, limit 5%)",
+        "median rule (3 tests): latency: the old report keeps no per-round latency samples",
         "not comparable (1 test): no measurement in the new run (skipped: no GPU)",
         "compare: 1 regressed, 1 improved, 1 ok, 1 new, 1 not comparable (against old.json)",
     ]
@@ -395,8 +521,9 @@ def test_summarise_lines() -> None:
 def test_summarise_only_regressed_details() -> None:
     verdicts = compare_reports(make_report(make_test(T)), make_report(make_test(T, latency_s=0.02, kl_mean=0.0011)),
                                parse_compare_fail("latency:10%,kl_mean:0.01"))
-    (line, _count) = summarise(verdicts, "x.json")
-    assert line == f"REGRESSED {T}: latency 12.0 ms -> 20.0 ms (+66.7%, limit 10%)"
+    (line, _rule, _count) = summarise(verdicts, "x.json")
+    assert line == (f"REGRESSED {T}: latency 12.0 ms -> 20.0 ms (+66.7%, limit 10%), ratio 1.67x, "
+                    "median rule: the old report keeps no per-round latency samples")
 
 
 def test_summarise_groups_hardware_reasons() -> None:

@@ -12,7 +12,7 @@ from pytest_transformers_opt.verdict.bench import warm_until_stable, warmup_boun
 from pytest_transformers_opt.verdict.budgets import Budget, check_budgets
 from pytest_transformers_opt.verdict.results import OptResult, SideMetrics, Workload
 from pytest_transformers_opt.verdict.similarity import NEAR_TIE_LOGPROB_GAP, Similarity, compare_runs
-from pytest_transformers_opt.verdict.stats import mann_whitney_greater, min_p_value
+from pytest_transformers_opt.verdict.stats import mann_whitney_greater, median_ratio_interval, min_p_value
 
 
 def _rounds(values):
@@ -97,6 +97,83 @@ def test_memory_slack_and_speed_significance():
     [check] = check_budgets(too_few, {"min_speedup": Budget("min_speedup", 1.0, "marker")})
     assert not check.ok and "too few rounds" in check.note
 
+
+
+# ---------------------------------------------------------------- the speedup's interval
+def _paired_samples(rng, rounds: int, shift: float) -> tuple[list[float], list[float]]:
+    """Baseline and optimized latencies of interleaved rounds: per-round noise plus a slow spell both share."""
+    common = [rng.gauss(0.0, 0.05) for _ in range(rounds)]
+    base = [math.exp(rng.gauss(0.0, 0.05) + c) for c in common]
+    opt = [math.exp(rng.gauss(0.0, 0.05) + c) / shift for c in common]
+    return base, opt
+
+
+@pytest.mark.parametrize("rounds", [5, 10])
+def test_speedup_interval_covers_the_truth_about_95_percent_and_sees_a_30_percent_shift(rounds):
+    import random
+
+    rng = random.Random(13)
+    null = [median_ratio_interval(*_paired_samples(rng, rounds, 1.0), paired=True) for _ in range(200)]
+    covered = sum(low <= 1.0 <= high for low, high in null) / len(null)
+    assert 0.90 <= covered <= 0.995, covered  # a 95% interval: about 190 of 200 hold the true ratio 1.0
+    shifted = [median_ratio_interval(*_paired_samples(rng, rounds, 1.3), paired=True) for _ in range(200)]
+    assert sum(low > 1.0 for low, _high in shifted) >= 198  # 30% faster: the interval lies above 1.0
+    assert sum(low <= 1.3 <= high for low, high in shifted) / len(shifted) >= 0.90
+
+
+def test_speedup_interval_is_seeded_by_its_samples_and_honest_about_too_few():
+    base, opt = [1.0, 1.1, 0.9, 1.05, 0.95], [0.8, 0.85, 0.75, 0.9, 0.82]
+    first = median_ratio_interval(base, opt, paired=True)
+    assert first == median_ratio_interval(list(base), list(opt), paired=True)  # same samples, same interval
+    assert first is not None and first[0] <= 1.0 / 0.82 <= first[1]  # holds the point estimate
+    assert median_ratio_interval(base, opt, paired=False) != first  # another question, another stream
+    assert median_ratio_interval(base[:4], opt[:4], paired=True) is None  # 4 rounds: too few to say 95%
+    assert median_ratio_interval(base, [0.0, *opt[1:]], paired=True) is None  # not a latency
+    with pytest.raises(ValueError, match="equal lengths"):
+        median_ratio_interval(base, opt[:4] + [1.0, 1.0], paired=True)
+    # a slow spell both sides share cancels when whole rounds are resampled
+    drift = [1.0, 1.0, 1.6, 1.6, 1.0, 1.0, 1.6, 1.6]
+    paired = median_ratio_interval([d * 1.2 for d in drift], drift, paired=True)
+    unpaired = median_ratio_interval([d * 1.2 for d in drift], drift, paired=False)
+    assert paired is not None and unpaired is not None
+    assert paired[1] - paired[0] < unpaired[1] - unpaired[0]
+
+
+def test_bootstrap_of_a_thousand_rounds_stays_fast():
+    import random
+    import time
+
+    base, opt = _paired_samples(random.Random(3), 1000, 1.1)
+    start = time.perf_counter()
+    low, high = median_ratio_interval(base, opt, paired=True)
+    assert time.perf_counter() - start < 2.0  # measured ~65 ms; the bound only catches a pathological slowdown
+    assert low < 1.1 < high
+
+
+def test_result_carries_speedup_and_memory_verdicts():
+    from pytest_transformers_opt.verdict.results import FASTER, NO_DIFFERENCE, SLOWER, SMALLER
+
+    faster = _result(base_latency=(1.0, 1.01, 0.99, 1.0, 1.02), opt_latency=(0.7, 0.71, 0.69, 0.7, 0.72),
+                     opt_mem=80 * 2**20).with_intervals(paired=True)
+    low, high = faster.speedup_interval
+    assert low <= faster.speedup <= high and low > 1.0
+    assert faster.speedup_verdict == FASTER and faster.speedup_interval_note is None
+    assert faster.memory_ratio_verdict == SMALLER and faster.memory_ratio_interval is None
+    assert "read once per side" in faster.memory_ratio_interval_note
+    data = faster.to_dict()
+    assert data["speedup_interval"] == [low, high] and data["speedup_verdict"] == "faster"
+    assert data["memory_ratio_verdict"] == "smaller" and data["memory_ratio_interval"] is None
+    slower = _result(base_latency=(1.0, 1.01, 0.99, 1.0, 1.02), opt_latency=(1.3, 1.31, 1.29, 1.3, 1.32),
+                     opt_mem=100 * 2**20 + 2**19).with_intervals(paired=True)
+    assert slower.speedup_verdict == SLOWER
+    assert slower.memory_ratio_verdict == NO_DIFFERENCE  # +0.5 MiB: inside the memory budgets' slack
+    tie = _result(base_latency=(1.0, 1.2, 0.9, 1.1, 1.0), opt_latency=(1.05, 1.0, 1.1, 0.95, 1.15))
+    assert tie.with_intervals(paired=True).speedup_verdict == NO_DIFFERENCE
+    too_few = _result(base_latency=(1.0, 1.0), opt_latency=(0.5, 0.5)).with_intervals(paired=True)
+    assert too_few.speedup_interval is None and too_few.speedup_verdict is None
+    assert "needs at least 5" in too_few.speedup_interval_note
+    stored = _result(base_latency=(1.0,) * 7, opt_latency=(0.5,) * 5).with_intervals(paired=True)
+    assert stored.speedup_verdict == FASTER  # unequal rounds (a stored baseline): each side resampled alone
 
 
 # ---------------------------------------------------------------- default similarity budgets

@@ -1,0 +1,124 @@
+"""--opt-compare-fail on real sessions judges timed figures on both runs' rounds: noise passes, a slowdown fails.
+
+The test's optimized side sleeps a fixed time in every forward pass, so its rounds are steady on a busy
+machine; the earlier reports are a reference run's own report with its rounds replaced by the rounds a
+noisy (or a faster) earlier run would have written around the reference's median, the latency kept the
+median of those rounds. Built around the median, not from the reference's rounds, so that one slow round
+of the reference (this machine is shared) does not decide the test.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SLEEPY = '''
+import contextlib
+import time
+
+from pytest_transformers_opt.techniques import Technique
+
+
+class Sleepy(Technique):
+    """Sleeps 20 ms in every forward pass: rounds of a steady length, whatever else the machine does."""
+    name = "sleepy"
+    family = "test"
+    summary = "sleeps in every forward"
+
+    @contextlib.contextmanager
+    def around_generate(self, model):
+        handle = model.register_forward_pre_hook(lambda module, args: time.sleep(0.02))
+        try:
+            yield
+        finally:
+            handle.remove()
+
+
+def pytest_opt_register_techniques(registry):
+    registry.register(Sleepy)
+'''
+
+TEST = '''
+import pytest
+
+@pytest.mark.optimization("sleepy")
+def test_sleepy(opt_bench):
+    opt_bench(prompts=["The cat sees"], max_new_tokens=3)
+'''
+
+ROUNDS = "--opt-rounds=6"  # 6 + 6 rounds: a one-sided Mann-Whitney test can reach p = 1/924
+
+
+def _earlier(report: dict[str, Any], path: Path, samples: list[float]) -> str:
+    """The report with the optimized rounds replaced (and the latency their median, as the plugin writes it)."""
+    edited = copy.deepcopy(report)
+    optimized = edited["tests"][0]["optimized"]
+    optimized["latency_samples_s"] = samples
+    optimized["latency_s"] = statistics.median(samples) if samples else optimized["latency_s"]
+    path.write_text(json.dumps(edited))
+    return str(path)
+
+
+@pytest.fixture()
+def reference(run_user: Any) -> dict[str, Any]:
+    run = run_user(TEST, ROUNDS, conftest=SLEEPY)
+    assert run.result.ret == pytest.ExitCode.OK
+    return copy.deepcopy(run.report)
+
+
+def _judged(run: Any) -> dict[str, Any]:
+    (judged,) = run.test("test_sleepy")["regression"]["judged"]
+    return judged  # type: ignore[no-any-return]
+
+
+def _median(report: dict[str, Any]) -> float:
+    return float(report["tests"][0]["optimized"]["latency_s"])
+
+
+def test_a_noisy_null_passes(run_user: Any, reference: dict[str, Any], pytester: pytest.Pytester) -> None:
+    """An earlier run of the same test with three rounds 40% faster and one a huge outlier: its median is
+    >10% below this run's, its other rounds are this run's."""
+    median = _median(reference)
+    noisy = [0.6 * median, 0.606 * median, 0.612 * median, median, 1.01 * median, 20 * median]
+    earlier = _earlier(reference, pytester.path / "noisy.json", noisy)
+    run = run_user(TEST, ROUNDS, "--opt-report", f"--opt-compare={earlier}", "--opt-compare-fail=latency:10%")
+    judged = _judged(run)
+    assert judged["ratio"] > 1.1  # the median-only rule would have failed this run
+    assert judged["rule"] == "mann-whitney" and judged["p_value"] >= 0.05 and judged["note"] == "not significant"
+    assert run.result.ret == pytest.ExitCode.OK
+    run.result.stdout.fnmatch_lines(["within noise *test_sleepy: latency * (+*%, limit 10%), ratio *x, "
+                                     "Mann-Whitney p=* on 6+6 rounds, not significant",
+                                     "compare: 0 regressed, 0 improved, 1 ok*"])
+
+
+def test_a_real_slowdown_fails(run_user: Any, reference: dict[str, Any], pytester: pytest.Pytester) -> None:
+    """An earlier run 25% faster in every round: this run is slower past the limit, significantly."""
+    faster = [_median(reference) / 1.25 * spread for spread in (0.98, 0.99, 1.0, 1.0, 1.01, 1.02)]
+    earlier = _earlier(reference, pytester.path / "faster.json", faster)
+    run = run_user(TEST, ROUNDS, f"--opt-compare={earlier}", "--opt-compare-fail=latency:10%")
+    judged = _judged(run)
+    assert judged["rule"] == "mann-whitney" and judged["p_value"] < 0.05 and judged["verdict"] == "regressed"
+    assert run.result.ret == pytest.ExitCode.TESTS_FAILED
+    run.result.stdout.fnmatch_lines(["REGRESSED *test_sleepy: latency * (+*%, limit 10%), ratio *x, "
+                                     "Mann-Whitney p=* on 6+6 rounds",
+                                     "*1 test regressed past --opt-compare-fail=latency:10%*: the run fails"])
+
+
+def test_an_old_report_without_samples_falls_back_to_the_median_rule_and_says_so(
+        run_user: Any, reference: dict[str, Any], pytester: pytest.Pytester) -> None:
+    edited = copy.deepcopy(reference)
+    edited["tests"][0]["optimized"]["latency_s"] /= 1.25
+    earlier = _earlier(edited, pytester.path / "old.json", [])  # written before reports kept rounds
+    run = run_user(TEST, ROUNDS, f"--opt-compare={earlier}", "--opt-compare-fail=latency:10%")
+    judged = _judged(run)
+    assert judged["rule"] == "median" and judged["p_value"] is None
+    assert run.result.ret == pytest.ExitCode.TESTS_FAILED
+    run.result.stdout.fnmatch_lines([
+        "REGRESSED *test_sleepy: latency * (+*%, limit 10%), ratio *x, "
+        "median rule: the old report keeps no per-round latency samples",
+        "median rule (1 test): latency: the old report keeps no per-round latency samples"])
