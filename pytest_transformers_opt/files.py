@@ -61,8 +61,9 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` via a temporary file in the same folder and rename, so no reader sees half a file.
+def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
+    """Write ``text`` (UTF-8, or bytes as they are) via a temporary file in the same folder and rename, so
+    no reader sees half a file.
 
     The file gets the mode of the file it replaces, or ``0o666`` less the umask when it is new.
     """
@@ -73,8 +74,8 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
         mode = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent.resolve()))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode("utf-8") if isinstance(text, str) else text)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:

@@ -164,12 +164,9 @@ class CompileCache:
         if not data:
             return None
         path = self.artifacts_dir / f"{self.process}.bin"
-        tmp = path.with_name(f".{path.name}.tmp")
         try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            write_atomic(path, data)
         except OSError as exc:  # a full disk must not end the session: the inductor folder holds the graphs too
-            tmp.unlink(missing_ok=True)
             sys.stderr.write(f"transformers-opt: could not save the compile cache artifacts to {path}: {exc}\n")
             return None
         return path

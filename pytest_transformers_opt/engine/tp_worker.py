@@ -27,6 +27,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ..files import write_atomic
+
 LOGPROBS_FILE = "logprobs.safetensors"
 FORCED_LOGPROBS_FILE = "forced_logprobs.safetensors"  # the forced run's, when the spec has force_tokens
 
@@ -36,9 +38,7 @@ def rank_file(out_dir: Path, rank: int) -> Path:
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    staging = path.with_suffix(".json.tmp")
-    staging.write_text(json.dumps(payload, indent=1, default=str))
-    os.replace(staging, path)  # the parent never reads a half-written file
+    write_atomic(path, json.dumps(payload, indent=1, default=str))  # the parent never reads a half-written file
 
 
 def _init_distributed(device_type: str, local_rank: int, timeout_s: float) -> tuple[str, str]:

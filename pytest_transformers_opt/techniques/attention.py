@@ -169,7 +169,8 @@ class HubKernelAttention(AttentionBackend):
         super().__init__(**params)
         repo = params.get("repo_id")
         if not isinstance(repo, str) or repo.count("/") < 1:
-            raise OptConfigError(f"hub kernel: repo_id must look like 'org/name'; got {repo!r}")
+            raise OptConfigError(f"hub_kernel technique: repo_id must look like 'org/name' (a hub kernel id such as "
+                                 f"'kernels-community/flash-attn'); got {repo!r}")
 
     @property
     def impl(self) -> str:

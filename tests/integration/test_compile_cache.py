@@ -122,3 +122,17 @@ def test_warm_and_cold_come_from_the_cache_lookups() -> None:
     assert compile_cache_state(0, 2) == "cold"
     assert compile_cache_state(1, 1) == "partial"
     assert CacheKey("2.13", "5.24", "cpu").folder_name() != CacheKey("2.14", "5.24", "cpu").folder_name()
+
+
+def test_collect_only_and_sessions_without_plugin_tests_leave_the_cache_untouched(pytester: pytest.Pytester) -> None:
+    """The cache is installed with the hardware probe (a test's first use of the plugin), so neither
+    ``--collect-only`` nor a session of plain tests writes a key folder, a manifest or artifacts."""
+    pytester.makepyfile(test_user=COMPILED, test_plain="def test_plain():\n    pass\n")
+    cache = pytester.path / "compile-cache"
+    collected = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q",
+                                              f"--opt-compile-cache={cache}")
+    assert collected.ret == 0, collected.stdout.str()
+    plain = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", f"--opt-compile-cache={cache}",
+                                          "test_plain.py")
+    plain.assert_outcomes(passed=1)
+    assert not cache.exists() or _key_folders(cache) == [], sorted(p.name for p in cache.rglob("*"))

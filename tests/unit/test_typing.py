@@ -12,7 +12,6 @@ import sys
 import tokenize
 from pathlib import Path
 
-import pytest
 
 import pytest_transformers_opt
 
@@ -24,10 +23,9 @@ _EXPLAINED_IGNORE = re.compile(r"#\s*type:\s*ignore\[[\w\-, ]+\]\s+#\s*\S")
 
 
 def test_mypy_is_clean_on_the_package() -> None:
-    if importlib.util.find_spec("mypy") is None:
-        pytest.skip("mypy is not installed (it is in the test extra: pip install -e .[test])")
-    if not (ROOT / "pyproject.toml").is_file() or not (ROOT / PACKAGE.name).is_dir():
-        pytest.skip("not run from a source checkout: the mypy configuration lives in its pyproject.toml")
+    # the test extra installs mypy and these tests run from the checkout: a missing one is a broken setup
+    assert importlib.util.find_spec("mypy") is not None, "mypy is not installed: pip install -e .[test]"
+    assert (ROOT / "pyproject.toml").is_file() and (ROOT / PACKAGE.name).is_dir(), f"no source checkout at {ROOT}"
     # the configuration names the files, so this is the command a contributor runs: mypy
     done = subprocess.run([sys.executable, "-m", "mypy", "--config-file", "pyproject.toml"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
