@@ -49,6 +49,7 @@ class TestRecord:
     plan: TestPlan | None = None
     results: list[Any] = field(default_factory=list)  # OptResult of each opt_bench call, in order
     compile_cache: str | None = None  # warm / cold / partial from torch's cache lookups during the test; None: no compile
+    hardware: str | None = None  # HardwareInfo.fingerprint of the process that ran it; None: never probed
 
 
 def crash_message(report: Any) -> str:
@@ -111,7 +112,10 @@ class OptSession:
         return self._models
 
     def record(self, nodeid: str) -> TestRecord:
-        return self.records.setdefault(nodeid, TestRecord(nodeid))
+        record = self.records.setdefault(nodeid, TestRecord(nodeid))
+        if record.hardware is None and self._hardware is not None:  # never probes: a report must not import torch
+            record.hardware = self._hardware.fingerprint
+        return record
 
     def model_config(self, request: ModelRequest, path: str) -> Any:
         """The model's config, read once per model and path for the session."""
@@ -235,6 +239,7 @@ class OptSession:
             longrepr = report.longrepr
             reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
             record.skip_reason = str(reason).removeprefix("Skipped: ")
+            record.error = None  # a skip is a finished outcome: not "did not finish"
         elif report.failed:
             record.outcome = "failed" if report.when == "call" else "error"
             crash = getattr(report.longrepr, "reprcrash", None)

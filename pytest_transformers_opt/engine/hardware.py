@@ -34,6 +34,7 @@ class HardwareInfo:
     clocks_mhz: dict[str, int] | None = None  # CUDA, from NVML: sm / memory now, and their maxima
     memory_bandwidth_bytes_s: float | None = None  # CUDA, peak: NVML bus width x max memory clock x 2
     cpu_count: int = field(default_factory=lambda: os.cpu_count() or 1)
+    cpu_model: str = field(default_factory=lambda: cpu_model_name())
     python: str = field(default_factory=lambda: platform.python_version())
     platform: str = field(default_factory=platform.platform)
     versions: dict[str, str | None] = field(default_factory=dict)
@@ -41,6 +42,11 @@ class HardwareInfo:
     @property
     def is_cuda(self) -> bool:
         return self.device_type == "cuda"
+
+    @property
+    def fingerprint(self) -> str:
+        """What a result's hardware is called across runs and shards: the GPU's name, or the CPU's model."""
+        return self.name if self.is_cuda and self.name else f"CPU: {self.cpu_model}"
 
     def version(self, package: str) -> str | None:
         return self.versions.get(package, package_version(package))
@@ -75,11 +81,26 @@ class HardwareInfo:
             "gpu_clocks_mhz": self.clocks_mhz,
             "gpu_memory_bandwidth_bytes_s": self.memory_bandwidth_bytes_s,
             "cpu_count": self.cpu_count,
+            "cpu_model": self.cpu_model,
+            "hardware": self.fingerprint,
             "versions": dict(self.versions),
         }
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's marketing name (``model name`` in /proc/cpuinfo), else what ``platform`` knows."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as handle:
+            for line in handle.read(1 << 20).splitlines():  # one core's block is enough; bounded read
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                    return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def peak_memory_bandwidth(bus_width_bits: int, max_memory_clock_mhz: int) -> float:

@@ -108,6 +108,7 @@ def entries_of(record: "TestRecord") -> list[dict[str, Any]]:
         "speedup_interval": None, "speedup_verdict": None, "speedup_interval_note": None,
         "memory_ratio_interval": None, "memory_ratio_verdict": None, "memory_ratio_interval_note": None,
         "similarity": None, "budgets": [], "failed_budgets": [], "estimates": {}, "regression": None,
+        "hardware": record.hardware,
     }
     if record.plan is not None:
         plan = record.plan

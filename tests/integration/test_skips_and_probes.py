@@ -57,6 +57,8 @@ def test_gpu_techniques_skip_on_cpu_with_their_reason(run_user):
     run.result.stdout.fnmatch_lines(["*SKIPPED*flash_attention_2 needs a CUDA GPU*"])
     # skipped before any model was loaded: nothing was measured
     assert all(t["optimized"] is None for t in run.report["tests"])
+    # a skip is a finished outcome: no "did not finish" error beside its reason
+    assert [t["error"] for t in run.report["tests"]] == [None] * 7
 
 
 def test_strict_mode_turns_a_skip_into_a_failure(run_user):
