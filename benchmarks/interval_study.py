@@ -16,7 +16,6 @@ for n in (5, 1000):
         t = time.perf_counter(); median_ratio_interval(base, opt, paired=True); times.append(time.perf_counter() - t)
     print(f"rounds={n}: median {statistics.median(times)*1e3:.2f} ms, min {min(times)*1e3:.2f} ms, max {max(times)*1e3:.2f} ms over {len(times)} calls")
 t = time.perf_counter()
-import subprocess, sys
 print("coverage of 1.0 under the null (200 seeded trials each), and 30% shift excluded:")
 for n in (3, 4, 5, 7, 10, 20):
     rng = random.Random(13)

@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -196,14 +197,18 @@ def run_study(null: int, slow: int, broken: int, extra_args: list[str]) -> dict:
                        cwd=root, check=False, stdout=subprocess.DEVNULL, env=os.environ.copy())
         elapsed = time.perf_counter() - started
         data = json.loads(report.read_text())
+        if os.environ.get("VERDICT_STUDY_REPORT"):  # keep the session's report, to read a verdict's details
+            shutil.copyfile(report, os.environ["VERDICT_STUDY_REPORT"])
     tally: dict[str, list[int]] = {}
     for test in data["tests"]:
         label = test["nodeid"].split("[")[1].rsplit("-", 1)[0]
         group = f"slowdown {label[4:]}%" if label.startswith("slow") else label
         failed = test["outcome"] in ("failed", "error")
-        tally.setdefault(group, [0, 0])
+        tally.setdefault(group, [0, 0, 0])
         tally[group][0] += failed
         tally[group][1] += 1
+        # timed rounds per side, confirming rounds included (a broken technique fails before any)
+        tally[group][2] += (test.get("optimized") or {}).get("rounds") or 0
     return {"tally": tally, "seconds": elapsed, "settings": data["settings"]}
 
 
@@ -505,14 +510,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = run_study(args.null, args.slow, args.broken, args.pytest_args)
     settings = result["settings"]
-    lines = [f"rounds={settings['rounds']} warmup={settings['warmup']} ({result['seconds']:.0f} s)", "",
-             "| scenario | failed / runs | meaning |", "| --- | --- | --- |"]
+    rule = f"{settings['rounds']}..{settings['max_rounds']} (sequential)" if settings.get("max_rounds") \
+        else settings["rounds"]
+    lines = [f"rounds={rule} warmup={settings['warmup']} ({result['seconds']:.0f} s)", "",
+             "| scenario | failed / runs | meaning | timed rounds per side (mean) |", "| --- | --- | --- | --- |"]
     order = ["null"] + [f"slowdown {p}%" for p in (5, 10, 20, 50)] + ["nan_logits", "changed_token", "compile_fallback"]
     meaning = {"null": "false alarms", "nan_logits": "caught", "changed_token": "caught", "compile_fallback": "caught"}
     for group in order:
         if group in result["tally"]:
-            failed, total = result["tally"][group]
-            lines.append(f"| {group} | {failed} / {total} | {meaning.get(group, 'caught')} |")
+            failed, total, rounds = result["tally"][group]
+            lines.append(f"| {group} | {failed} / {total} | {meaning.get(group, 'caught')} | {rounds / total:.2f} |")
+    all_rounds = sum(rounds for _, _, rounds in result["tally"].values())
+    all_runs = sum(total for _, total, _ in result["tally"].values())
+    lines.append(f"| all | | | {all_rounds} in {all_runs} tests ({all_rounds / all_runs:.2f}) |")
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -2,16 +2,20 @@
 
 ``pytest-opt advise`` reads a model's config (no weights, nothing downloaded) and a workload, and
 prints one recommended optimization with its configuration, documentation, tradeoffs, open
-compatibility questions and a validation test. Bad input exits with status 2 and one line on
-stderr that names the option and the accepted forms.
+compatibility questions and a validation test. ``pytest-opt merge`` joins the JSON reports of many
+shards into one, and can gate it against an earlier report as ``--opt-compare-fail`` does (exit 1 on
+a regression). Bad input exits with status 2 and one line on stderr that names the option (or the
+file) and the accepted forms.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import textwrap
-from typing import NoReturn, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, Sequence
 
 from .advisor import advise, advise_from_report, load_model_shape, load_report, render_json, render_text, write_test
 from .advisor.change import ATTENTION_BACKENDS
@@ -19,6 +23,7 @@ from .advisor.estimates import DTYPE_FORMS, normalize_dtype
 from .advisor.workload import (ASSUMED_INPUT_TOKENS, ASSUMED_MAX_NEW_TOKENS, PROBLEMS, ServingScenario,
                                parse_compute_capability)
 from .errors import OptConfigError
+from .files import write_atomic
 from .units import SIZE_FORMS, parse_non_negative_int, parse_size
 
 PROG = "pytest-opt"
@@ -83,7 +88,33 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--from-report", metavar="PATH",
                         help="JSON report of an earlier run (pytest --opt-report-json=PATH): its measurements "
                              "decide the next step")
+    _add_merge(commands)
     return parser
+
+
+def _add_merge(commands: Any) -> None:
+    merge = commands.add_parser(
+        "merge",
+        help="merge the JSON reports of several shards into one report, optionally gated against an earlier one",
+        description=textwrap.fill(
+            "Merge JSON reports (pytest --opt-report-json=PATH) of shards of one suite (CI jobs, machines, GPU "
+            "types) into one report. Tests are keyed by (node id, hardware): the same test on two GPU types stays "
+            "two rows; the same test twice on the same hardware is an error naming both files. Each shard's "
+            "environment and settings are kept under \"shards\".", 79),
+        epilog=textwrap.fill(
+            "Exit status: 0 merged (and, with --compare-fail, nothing regressed); 1 a test regressed past "
+            "--compare-fail; 2 bad input (one line naming the file or option).", 79),
+    )
+    merge.add_argument("reports", nargs="+", metavar="REPORT.json", help="the shards' JSON reports")
+    merge.add_argument("-o", "--output", required=True, metavar="MERGED.json", help="where to write the merged report")
+    merge.add_argument("--md", metavar="PATH", help="also render the merged report as Markdown to PATH")
+    merge.add_argument("--html", metavar="PATH", help="also render the merged report as HTML to PATH")
+    merge.add_argument("--compare", metavar="OLD.json",
+                       help="compare the merged report with an earlier report (one run's or a merged one), as "
+                            "pytest --opt-compare does; the verdicts go into the merged report")
+    merge.add_argument("--compare-fail", metavar="SPEC",
+                       help="with --compare: exit 1 when a test regressed past these thresholds, as pytest "
+                            "--opt-compare-fail does, e.g. latency:10%%,peak_memory:5%%,kl_mean:0.01")
 
 
 def _int(value: str | None, option: str) -> int | None:
@@ -145,8 +176,66 @@ def run_advise(args: argparse.Namespace) -> int:
     return 0
 
 
+def _writable(path: str, option: str) -> None:
+    """Refuse an output path that cannot be written before any report is read."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise OptConfigError(f"{option}: {path!r} is a folder; give a file path")
+    if not target.resolve().parent.is_dir():
+        raise OptConfigError(f"{option}: the folder of {path!r} does not exist; create it or choose another path")
+
+
+def _write(path: str, option: str, text: str) -> None:
+    try:
+        write_atomic(path, text)
+    except OSError as exc:
+        raise OptConfigError(f"{option}: cannot write {path!r}: {exc.strerror or exc}") from None
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    # Lazy: the report stage is not needed by advise.
+    from .report.compare import attach_verdicts, compare_reports, load_compare_report, parse_compare_fail, summarise
+    from .report.merge import load_shards, merge_reports
+
+    if args.compare_fail is not None and args.compare is None:
+        raise OptConfigError("--compare-fail: needs --compare OLD.json (the earlier report)")
+    thresholds = parse_compare_fail(args.compare_fail, "--compare-fail") if args.compare_fail is not None else []
+    for path, option in ((args.output, "-o"), (args.md, "--md"), (args.html, "--html")):
+        if path is not None:
+            _writable(path, option)
+    old = load_compare_report(args.compare, "--compare") if args.compare is not None else None
+    count = len(args.reports)
+    print(f"merging {count} report{'s' if count != 1 else ''} into {args.output} ...", flush=True)
+    merged = merge_reports(load_shards(args.reports))
+    lines: list[str] = []
+    regressed = 0
+    if old is not None:
+        verdicts = compare_reports(old, merged, thresholds)
+        attach_verdicts(merged, verdicts)
+        lines = summarise(verdicts, args.compare)
+        regressed = sum(v.get("verdict") == "regressed" for v in verdicts.values())
+    _write(args.output, "-o", json.dumps(merged, indent=2, allow_nan=False) + "\n")
+    if args.md is not None:
+        from .report.markdown import render_markdown
+
+        _write(args.md, "--md", render_markdown(merged))
+    if args.html is not None:
+        from .report.html import render_html
+
+        _write(args.html, "--html", render_html(merged))
+    for line in lines:
+        print(line)
+    shards = len(merged["shards"])
+    print(f"wrote {args.output} ({len(merged['tests'])} tests from {shards} shard{'s' if shards != 1 else ''})")
+    if regressed and thresholds:
+        sys.stderr.write(f"{PROG} merge: {regressed} test{'s' if regressed != 1 else ''} regressed past "
+                         f"--compare-fail={args.compare_fail} against --compare={args.compare}: exit status 1\n")
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``pytest-opt``; returns the exit status (0 ok, 2 bad input)."""
+    """Entry point of ``pytest-opt``; returns the exit status (0 ok, 1 merge: a regression, 2 bad input)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -156,10 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return run_advise(args)
+        return run_merge(args) if args.command == "merge" else run_advise(args)
     except OptConfigError as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message held
-        sys.stderr.write(f"{PROG} advise: error: {message}\n")
+        sys.stderr.write(f"{PROG} {args.command}: error: {message}\n")
         return 2
 
 

@@ -20,7 +20,8 @@ import pytest
 from .engine.compile_cache import check_cache_dir
 from .engine.gpu_pinning import parse_gpus_per_worker
 from .files import check_writable
-from .verdict.bench import MAX_ROUNDS, MAX_WARMUP
+from .verdict.bench import MAX_WARMUP
+from .verdict.sequential import AUTO_ROUNDS, ROUNDS_FORMS, RoundsRule, parse_rounds
 from .verdict.budgets import BUDGET_MODES, BUDGETS, parse_budget
 from .errors import OptConfigError
 from .units import parse_non_negative_int
@@ -53,8 +54,8 @@ def _names(value: str) -> tuple[str, ...]:
 
 
 
-def _rounds(value: str) -> int:
-    return parse_non_negative_int(value, "rounds", minimum=1, maximum=MAX_ROUNDS)
+def _rounds(value: str) -> RoundsRule:
+    return parse_rounds(value, "rounds")
 
 
 def _warmup(value: str) -> int:
@@ -63,6 +64,13 @@ def _warmup(value: str) -> int:
 
 def _text(value: str) -> str:
     return value
+
+
+MAX_HISTORY_KEEP = 100_000
+
+
+def _history_keep(value: str) -> int:
+    return parse_non_negative_int(value, "recorded runs to keep", minimum=1, maximum=MAX_HISTORY_KEEP)
 
 
 def _path(value: str) -> str:
@@ -130,14 +138,20 @@ OPTIONS: tuple[OptionDef, ...] = (
     OptionDef("--opt-techniques", "opt_techniques", None, _bool, False,
               "print the technique catalogue with what this machine supports and why not, then exit", is_flag=True,
               has_env=False),
-    OptionDef("--opt-rounds", "opt_rounds", "opt_rounds", _rounds, 5, f"measured rounds per side (1 to {MAX_ROUNDS})",
-              "N"),
+    OptionDef("--opt-rounds", "opt_rounds", "opt_rounds", _rounds, AUTO_ROUNDS,
+              f"timed rounds per side: {ROUNDS_FORMS}; sequential rounds stop once every speed budget is settled",
+              "N|MIN..MAX|auto"),
     OptionDef("--opt-warmup", "opt_warmup", "opt_warmup", _warmup, 1,
               f"warm-up rounds per side (0 to {MAX_WARMUP}), kept out of the figures (compiled techniques get at "
               f"least 2)", "N"),
     OptionDef("--opt-compile-cache", "opt_compile_cache", "opt_compile_cache", _path, None,
               "keep torch's compile caches (inductor, autotuning, portable artifacts) in this folder, one "
               "subfolder per torch, transformers and device, for CI to restore between runs", "DIR", is_path=True),
+    OptionDef("--opt-history", "opt_history", "opt_history", _path, None,
+              "record each run's JSON report in this folder (named by time and git commit); the HTML report "
+              "draws each test's trend over the recorded runs", "DIR", is_path=True),
+    OptionDef("--opt-history-keep", "opt_history_keep", "opt_history_keep", _history_keep, 200,
+              f"recorded runs --opt-history keeps, the oldest pruned first (1 to {MAX_HISTORY_KEEP})", "N"),
 )
 
 
@@ -197,9 +211,11 @@ class Settings:
     compare_fail: str | None
     gpus_per_worker: int | None
     techniques: bool
-    rounds: int
+    rounds: RoundsRule
     warmup: int
     compile_cache: str | None  # the folder, absolute; checked usable at configure time
+    history: str | None  # the folder, absolute; only checked not to be a file (writing it is checked at the end)
+    history_keep: int
     sources: dict[str, str]  # option key -> where its value came from: the flag, the variable, "ini KEY", "default"
     ini_budgets: dict[str, str]  # budget name -> the ini value, checked
     baseline: tuple[str, ...]  # ini opt_baseline, else eager
@@ -225,6 +241,7 @@ def resolve_settings(config: pytest.Config) -> Settings:
             check_cache_dir(values["compile_cache"], sources["compile_cache"])
         except OptConfigError as exc:
             raise pytest.UsageError(str(exc)) from None
+    _check_history_dir(values, sources)
     return Settings(**values, sources=sources, ini_budgets=ini_budgets, baseline=baseline,
                     compare_report=compare_report, compare_thresholds=compare_thresholds)
 
@@ -246,6 +263,20 @@ def _resolve(config: pytest.Config, option: OptionDef) -> tuple[Any, str]:
         return option.parse(str(raw).strip()), source
     except OptConfigError as exc:
         raise pytest.UsageError(f"{source}: {exc}") from None
+
+
+def _check_history_dir(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    """A file (or a path under one) is a mistake said now; a folder that cannot be written is said at the
+    end, in one line, so a read-only history never costs the run or its report."""
+    folder = values.get("history")
+    if not folder:
+        return
+    existing = Path(folder)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise pytest.UsageError(f"{sources['history']}: {str(existing)!r} is not a folder; give the folder the "
+                                f"run history lives in")
 
 
 def _ini_budgets(config: pytest.Config) -> dict[str, str]:

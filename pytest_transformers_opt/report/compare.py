@@ -420,29 +420,102 @@ def _compare_test(old: dict[str, Any], new: dict[str, Any], thresholds: list[Thr
     return result
 
 
+def _row_environment(report: dict[str, Any], test: dict[str, Any]) -> dict[str, Any]:
+    """The environment a row was measured in: its shard's in a merged report, else the report's own."""
+    shards, index = report.get("shards"), test.get("shard")
+    if isinstance(shards, list) and isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(shards):
+        environment = shards[index].get("environment") if isinstance(shards[index], dict) else None
+        if isinstance(environment, dict):
+            return environment
+    environment = report.get("environment")
+    return environment if isinstance(environment, dict) else {}
+
+
+def row_hardware(test: dict[str, Any], environment: dict[str, Any]) -> str | None:
+    """A row's hardware fingerprint: its own ``hardware``, else its run's ``environment.hardware``; None
+    for a report written before the plugin kept either (then the run-wide device and GPU are compared)."""
+    for value in (test.get("hardware"), environment.get("hardware")):
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _hardware_differences(old: dict[str, Any], old_env: dict[str, Any], new: dict[str, Any],
+                          new_env: dict[str, Any]) -> list[str]:
+    """Why two rows were measured on different hardware: by fingerprint where both rows know theirs."""
+    before, after = row_hardware(old, old_env), row_hardware(new, new_env)
+    if before is not None and after is not None:
+        return [] if before == after else [f"measured on different hardware: {shown(before)} -> {shown(after)}"]
+    return _identity_differences({"environment": old_env}, {"environment": new_env})
+
+
+def verdict_keys(report: dict[str, Any]) -> list[str | None]:
+    """The key of each test row's verdict, in row order (None for a row without a node id): the node id,
+    or ``NODEID on HARDWARE`` where a merged report holds the node id on more than one hardware."""
+    tests = [t if isinstance(t, dict) and isinstance(t.get("nodeid"), str) else None for t in report.get("tests") or []]
+    counts: dict[str, int] = {}
+    for test in tests:
+        if test is not None:
+            counts[test["nodeid"]] = counts.get(test["nodeid"], 0) + 1
+    keys: list[str | None] = []
+    for test in tests:
+        if test is None:
+            keys.append(None)
+        elif counts[test["nodeid"]] > 1:
+            keys.append(f"{test['nodeid']} on {row_hardware(test, _row_environment(report, test))}")
+        else:
+            keys.append(test["nodeid"])
+    return keys
+
+
+def attach_verdicts(report: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> None:
+    """Write each row's verdict into its ``regression`` (what ``--opt-compare`` keeps in the report)."""
+    for test, key in zip(report.get("tests") or [], verdict_keys(report)):
+        if key is not None:
+            test["regression"] = verdicts.get(key)
+
+
 def compare_reports(old: dict[str, Any], new: dict[str, Any], thresholds: list[Threshold]) -> dict[str, dict[str, Any]]:
     """A verdict per test of the ``new`` report: regressed, improved, ok, new or not comparable.
 
     Only a threshold can make a test regress (informational figures never do), and only figures
     measured on the same hardware, model and workload are compared at all: comparing anything
     else would make the gate fail, or pass, for reasons that have nothing to do with the change.
+
+    Either report may be merged (``pytest-opt merge``): old rows are found by node id and, where one
+    node id was measured on several hardware, by the new row's hardware fingerprint. Hardware is
+    checked per row (by fingerprint where both rows carry one, else by the rows' environments).
+    Verdicts are keyed as ``verdict_keys`` says: by node id, unless a node id repeats in ``new``.
     """
-    old_tests = {t["nodeid"]: t for t in old.get("tests") or [] if isinstance(t, dict) and "nodeid" in t}
-    run_reasons = _identity_differences(old, new)
+    old_rows: dict[str, list[dict[str, Any]]] = {}
+    for test in old.get("tests") or []:
+        if isinstance(test, dict) and isinstance(test.get("nodeid"), str):
+            old_rows.setdefault(test["nodeid"], []).append(test)
     verdicts: dict[str, dict[str, Any]] = {}
-    for test in new.get("tests") or []:
-        if not isinstance(test, dict) or "nodeid" not in test:
+    for test, key in zip(new.get("tests") or [], verdict_keys(new)):
+        if key is None:
             continue
-        nodeid = test["nodeid"]
-        before = old_tests.get(nodeid)
-        if before is None:
-            verdicts[nodeid] = {"verdict": "new", "details": ["not in the old report"]}
+        candidates = old_rows.get(test["nodeid"])
+        if not candidates:
+            verdicts[key] = {"verdict": "new", "details": ["not in the old report"]}
             continue
-        reasons = run_reasons + _test_differences(before, test)
+        new_env = _row_environment(new, test)
+        hardware = row_hardware(test, new_env)
+        before = candidates[0]
+        if len(candidates) > 1:  # a merged old report: the row of this row's own hardware
+            same = [c for c in candidates if row_hardware(c, _row_environment(old, c)) == hardware]
+            if not same:
+                measured = ", ".join(shown(row_hardware(c, _row_environment(old, c))) for c in candidates)
+                verdicts[key] = {"verdict": "not comparable",
+                                 "details": [f"measured on different hardware: {measured} -> {shown(hardware)}"]}
+                continue
+            before = same[0]
+        reasons = (_hardware_differences(before, _row_environment(old, before), test, new_env)
+                   + _test_differences(before, test))
         if reasons:
-            verdicts[nodeid] = {"verdict": "not comparable", "details": reasons}
+            verdicts[key] = {"verdict": "not comparable", "details": reasons}
             continue
-        verdicts[nodeid] = _compare_test(before, test, thresholds)
+        verdicts[key] = _compare_test(before, test, thresholds)
     return verdicts
 
 

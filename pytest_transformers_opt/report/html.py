@@ -30,7 +30,9 @@ from typing import Any, Protocol
 
 from ..units import format_ratio
 from ..verdict.results import FASTER, SLOWER
+from ..verdict.stats import MIN_BOOTSTRAP_SAMPLES
 from . import view
+from .history import History, Trend, TrendPoint, trends
 
 OK_COLOR = "#2e8b57"
 FAIL_COLOR = "#d64541"
@@ -91,10 +93,14 @@ class LinearScale:
     def pos(self, value: float) -> float:
         return min(1.0, max(0.0, (value - self.lo) / (self.hi - self.lo)))
 
-    def ticks(self) -> list[float]:
+    def step(self) -> float:
+        """A round tick step giving about five ticks: 1, 2, 2.5 or 5 times a power of ten."""
         raw = (self.hi - self.lo) / 5
-        magnitude = 10 ** math.floor(math.log10(raw))
-        step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+        magnitude = 10.0 ** math.floor(math.log10(raw))
+        return next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+
+    def ticks(self) -> list[float]:
+        step = self.step()
         first = math.ceil(self.lo / step - 1e-9) * step
         count = int((self.hi - first) / step + 1e-9) + 1
         ticks = [first + i * step for i in range(count)]
@@ -408,6 +414,167 @@ CHARTS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], str]], ...] = (
 )
 
 
+# --------------------------------------------------------------------------- history trends
+
+_TREND_LEFT = 84  # room for the value axis labels
+_TREND_RIGHT = 16
+_TREND_PLOT_W = _WIDTH - _TREND_LEFT - _TREND_RIGHT
+_TREND_TOP = 30
+_PANEL_H = 104
+_PANEL_GAP = 30
+_TREND_LABELS_H = 40
+_TREND_LABELS = 6  # run labels under the axis at most (every point keeps its own tooltip)
+
+
+def _unit(top: float, units: Sequence[tuple[str, float]]) -> tuple[str, float]:
+    return next(((u, f) for u, f in units if top * (1 + 1e-9) >= f), units[-1])  # 0.99999... s is 1 s
+
+
+class _AxisScale(LinearScale):
+    """A linear axis whose ends are ticks, ``step`` apart."""
+
+    def __init__(self, lo: float, hi: float, step: float, fmt: Callable[[float], str]) -> None:
+        super().__init__(lo, hi, fmt)
+        self._step = step
+
+    def step(self) -> float:
+        return self._step
+
+    def ticks(self) -> list[float]:
+        return [self.lo + n * self._step for n in range(round((self.hi - self.lo) / self._step) + 1)]
+
+
+def _nice_axis(lo: float, hi: float) -> tuple[float, float, float]:
+    """(low end, high end, step) around ``lo``..``hi`` with a margin, both ends on a step: an end label that
+    is not a tick would sit on top of its neighbour."""
+    pad = (hi - lo) * 0.15 or abs(hi) * 0.05 or 1.0
+    rough = LinearScale(max(0.0, lo - pad), hi + pad, str)
+    step = rough.step()
+    return max(0.0, math.floor(rough.lo / step) * step), math.ceil(rough.hi / step) * step, step
+
+
+def _trend_scale(values: Sequence[float], units: Sequence[tuple[str, float]]) -> tuple[LinearScale, float]:
+    """A value axis fitted to the points (a trend is about change: an axis from 0 would flatten it), counted
+    in the unit of its top; (scale, factor): a value sits at ``scale.pos(value / factor)``."""
+    unit, factor = _unit(_nice_axis(min(values), max(values))[1], units)
+    lo, hi, step = _nice_axis(min(values) / factor, max(values) / factor)
+    # the fewest decimals that show the step itself (0.025: 3), so neighbouring ticks never read the same
+    decimals = next((d for d in range(4) if abs(round(step * 10**d) - step * 10**d) < 1e-6 * 10**d), 3)
+    return _AxisScale(lo, hi, step, lambda v: f"{v:.{decimals}f} {unit}"), factor
+
+
+_SECONDS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6))
+_BYTES = (("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10), ("B", 1.0))
+
+
+def _trend_panel(kind: str, title: str, top: float, trend: Trend, history: History, x_of: Callable[[int], float],
+                 value_of: Callable[[TrendPoint], float | None], text_of: Callable[[float], str],
+                 units: Sequence[tuple[str, float]]) -> list[str]:
+    """One panel of a trend chart: the value axis, a line through the runs, a point (and whisker) per run."""
+    points = [(p, v) for p in trend.points if (v := value_of(p)) is not None]
+    bottom = top + _PANEL_H
+    parts = [f'<text x="{_TREND_LEFT}" y="{top - 8}" class="legend">{_e(title)}</text>',
+             f'<line x1="{_TREND_LEFT}" y1="{top}" x2="{_TREND_LEFT}" y2="{bottom}" class="axis"/>']
+    if not points:
+        parts.append(f'<text x="{_TREND_LEFT + _TREND_PLOT_W / 2}" y="{top + _PANEL_H / 2}" text-anchor="middle" '
+                     f'class="empty">No figure in these runs.</text>')
+        return parts
+    values = [v for p, v in points] + [b for p, _v in points if kind == "latency" and p.latency_range
+                                       for b in p.latency_range]
+    scale, factor = _trend_scale(values, units)
+
+    def y_of(value: float) -> float:
+        return bottom - scale.pos(value / factor) * _PANEL_H
+
+    for tick in scale.ticks():
+        ty = y_of(tick * factor)
+        parts.append(f'<line x1="{_TREND_LEFT}" y1="{ty:.1f}" x2="{_TREND_LEFT + _TREND_PLOT_W}" y2="{ty:.1f}" '
+                     f'class="grid"/><text x="{_TREND_LEFT - 6}" y="{ty + 4:.1f}" text-anchor="end" class="tick">'
+                     f"{_e(scale.fmt(tick))}</text>")
+    line = " ".join(f"{x_of(p.run):.1f},{y_of(v):.1f}" for p, v in points)
+    parts.append(f'<polyline points="{line}" class="trend-line {kind}"/>')
+    for point, value in points:
+        run = history.runs[point.run]
+        x, y = x_of(point.run), y_of(value)
+        tip = f"{run.describe()}: {text_of(value)}"
+        if kind == "latency" and point.latency_range is not None:
+            low, high = point.latency_range
+            tip += f", {point.range_kind} {text_of(low)} to {text_of(high)}"
+            parts.append(f'<g class="whisker" stroke="{WHISKER_COLOR}" stroke-width="1.2">'
+                         f'<line x1="{x:.1f}" y1="{y_of(low):.1f}" x2="{x:.1f}" y2="{y_of(high):.1f}"/>'
+                         f'<line x1="{x - 4:.1f}" y1="{y_of(low):.1f}" x2="{x + 4:.1f}" y2="{y_of(low):.1f}"/>'
+                         f'<line x1="{x - 4:.1f}" y1="{y_of(high):.1f}" x2="{x + 4:.1f}" y2="{y_of(high):.1f}"/></g>')
+        current = " current" if run.current else ""
+        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{5 if current else 3.5}" class="point {kind}{current}" '
+                     f'data-run="{_e(run.name.name if run.name else "this run")}"><title>{_e(tip)}</title></circle>')
+    return parts
+
+
+def trend_chart(index: int, trend: Trend, history: History) -> str:
+    """One test's trend over the recorded runs: optimized median latency with its whisker, and peak memory;
+    one point per run in time order, this run highlighted, the runs' time and commit under the axis."""
+    count = len(history.runs)
+    slot = _TREND_PLOT_W / count
+
+    def x_of(run: int) -> float:
+        return _TREND_LEFT + (run + 0.5) * slot
+
+    memory_top = _TREND_TOP + _PANEL_H + _PANEL_GAP
+    axis_y = memory_top + _PANEL_H
+    height = axis_y + _TREND_LABELS_H
+    title = f"Trend of {trend.nodeid} over the last {count} runs"
+    parts = [f'<svg class="chart-svg trend-svg" id="trend-{index}" data-nodeid="{_e(trend.nodeid)}" '
+             f'data-hardware="{_e(trend.hardware or "")}" viewBox="0 0 {_WIDTH} {height}" width="{_WIDTH}" '
+             f'height="{height}" role="img" aria-label="{_e(title)}"><title>{_e(title)}</title>']
+    current = next((n for n, run in enumerate(history.runs) if run.current), None)
+    if current is not None:
+        parts.append(f'<rect x="{x_of(current) - slot / 2:.1f}" y="{_TREND_TOP - 4}" width="{slot:.1f}" '
+                     f'height="{axis_y - _TREND_TOP + 4}" class="current-run"><title>this run</title></rect>')
+    parts += _trend_panel("latency", "optimized latency, median of the rounds (whisker: see above)", _TREND_TOP,
+                          trend, history, x_of, lambda p: p.latency_s, view.format_seconds, _SECONDS)
+    parts += _trend_panel("memory", "optimized peak memory (read once per run)", memory_top, trend, history, x_of,
+                          lambda p: p.peak_memory_bytes, view.format_memory, _BYTES)
+    parts.append(f'<line x1="{_TREND_LEFT}" y1="{axis_y}" x2="{_TREND_LEFT + _TREND_PLOT_W}" y2="{axis_y}" '
+                 f'class="axis"/>')
+    every = max(1, math.ceil(count / _TREND_LABELS))
+    for n, run in enumerate(history.runs):
+        if n % every and n != count - 1 and n != current:
+            continue
+        when, commit = run.label()
+        cls = "tick run-label current" if run.current else "tick run-label"
+        parts.append(f'<text x="{x_of(n):.1f}" y="{axis_y + 15}" text-anchor="middle" class="{cls}">'
+                     f'<tspan x="{x_of(n):.1f}">{_e(when)}</tspan><tspan x="{x_of(n):.1f}" dy="13">{_e(commit)}'
+                     f"</tspan></text>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def history_section(history: History | None) -> list[str]:
+    """The "History" section: a trend chart per test of this run; nothing without recorded runs."""
+    if history is None or not history.runs:
+        return []
+    out = [f'<section id="history"><h2>History</h2><p class="caption">Each test of this run over the last '
+           f"{len(history.runs)} runs in <code>{_e(history.folder)}</code>, oldest left, this run highlighted; "
+           "the axis names each run's time (UTC) and git commit (+: uncommitted changes). Whisker: the 95% "
+           f"interval of the median latency (bootstrap over the rounds, {MIN_BOOTSTRAP_SAMPLES} rounds or more), "
+           "or the min-max of the rounds below that. Peak memory is read once per run: no interval.</p>"]
+    if history.left_out:
+        out.append(f'<p class="note">Left out (not a readable report): '
+                   f'{_e("; ".join(history.left_out))}</p>')
+    out.append('<div class="trends">')
+    for index, trend in enumerate(trends(history)):
+        label = f"<code>{_e(trend.nodeid)}</code>" + (
+            f' <span class="hardware">{_e(trend.hardware)}</span>' if trend.hardware else "")
+        if len(trend.points) < 2:
+            runs = f"{len(trend.points)} run" + ("" if len(trend.points) == 1 else "s")
+            body = f'<p class="trend-empty">{runs} of this test on this hardware with figures: a trend needs 2.</p>'
+        else:
+            body = trend_chart(index, trend, history)
+        out.append(f'<figure class="chart trend"><figcaption><strong>{label}</strong></figcaption>{body}</figure>')
+    out.append("</div></section>")
+    return out
+
+
 # --------------------------------------------------------------------------- page
 
 @lru_cache(maxsize=1)
@@ -469,8 +636,9 @@ def _results_table(report: Mapping[str, Any]) -> str:
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
-def render_html(report: dict[str, Any]) -> str:
-    """The report as one self-contained HTML page with inline CSS and inline SVG charts."""
+def render_html(report: dict[str, Any], *, history: History | None = None) -> str:
+    """The report as one self-contained HTML page with inline CSS and inline SVG charts; with ``history``
+    (``--opt-history``), a trend chart per test over the recorded runs."""
     summary = view.summary_text(report)
     counts = view.summary_counts(report)
     out = [
@@ -505,6 +673,7 @@ def render_html(report: dict[str, Any]) -> str:
         out.append(f'<figure class="chart"><figcaption><strong>{_e(name)}</strong>'
                    f"<span>{_e(caption)}</span></figcaption>{chart(report)}</figure>")
     out.append("</div></section>")
+    out += history_section(history)
 
     out.append('<section id="results"><h2>Results</h2>')
     if view.table_rows(report):
@@ -512,6 +681,9 @@ def render_html(report: dict[str, Any]) -> str:
     else:
         out.append("<p>No test used <code>opt_bench</code> in this run.</p>")
     out.append("</section>")
+
+    from .matrix import matrix_html  # the hardware matrix (report/matrix.py); nothing on one kind of hardware
+    out += matrix_html(report, _html_table, _e)
 
     estimates = view.estimate_rows(report)
     if estimates:

@@ -1,7 +1,8 @@
 """The report as Markdown: the text of ``--opt-report-md`` and of ``$GITHUB_STEP_SUMMARY``.
 
 Layout, top to bottom: a one-line summary; the failed budgets (test, budget, measured, limit);
-the results table, one row per test, tests with failed budgets first; estimated figures in a
+the results table, one row per test, tests with failed budgets first; when the tests ran on two or more
+kinds of hardware (a merged report of shards), the hardware matrix; estimated figures in a
 section of their own (never in a column of measured ones); compile times with the compile cache's
 state; the skipped techniques grouped by reason; failures and errors; the advisor's summary; the environment in a collapsed
 ``<details>`` block.
@@ -16,8 +17,9 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .view import (MISSING, advice_lines, budgets_mode_note, columns, compile_rows, context_text, environment_rows,
-                   estimate_rows, failed_budget_rows, one_line, problem_rows, skipped_groups, summary_text, table_rows)
+from .view import (MATRIX_INTRO, MISSING, advice_lines, budgets_mode_note, columns, compile_rows, context_text,
+                   environment_rows, estimate_rows, failed_budget_rows, hardware_matrices, one_line, problem_rows,
+                   skipped_groups, summary_text, table_rows)
 
 
 # --------------------------------------------------------------------------- markdown
@@ -89,6 +91,14 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += _md_table([header for _, header in cols], cells)
     else:
         out.append("No test used `opt_bench` in this run.")
+
+    matrices = hardware_matrices(report)
+    if matrices:
+        out += ["", "### Hardware matrix", "", md_text(MATRIX_INTRO)]
+        for matrix in matrices:
+            out += ["", f"#### {md_code(matrix.test, in_table=False)}", ""]
+            out += _md_table([md_text(header) for header in matrix.headers],
+                             ([md_text(cell) for cell in row] for row in matrix.cells))
 
     estimates = estimate_rows(report)
     if estimates:

@@ -5,18 +5,21 @@ in which order (failed budgets first), which columns, and each figure in the wor
 kind. The renderers only lay those cells out and escape them, so the three cannot disagree on a
 figure. ``table_row`` holds the cells of the Markdown and HTML results tables; ``terminal_row`` the
 same columns compact for a fixed-width terminal (the test's name without its file, units in the
-header); ``table_rows`` orders the tests for both.
+header); ``table_rows`` orders the tests for both. ``hardware_matrices`` holds the cells of the Markdown
+and HTML "Hardware matrix" (one table per test, a column per hardware fingerprint).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..units import failure_reason, format_bytes, format_duration, format_ratio
+from ..units import clip, failure_reason, format_bytes, format_duration, format_ratio
 from ..verdict.results import NO_DIFFERENCE
+from .compare import row_hardware
 
 MISSING = "-"
 
@@ -356,6 +359,81 @@ def table_rows(report: Mapping[str, Any], cells: Callable[[Mapping[str, Any]], d
     """(test record, its cells) for every test, in report order (failed budgets first); ``cells`` is
     ``table_row`` (Markdown, HTML) or ``terminal_row``."""
     return [(test, cells(test)) for test in sort_tests(_tests(report))]
+
+
+# --------------------------------------------------------------------------- hardware matrix
+
+UNKNOWN_HARDWARE = "unknown hardware"
+NOT_RUN_HERE = "not run on this hardware"
+MATRIX_REASON_CHARS = 100  # a matrix cell's skip or failure reason: the results table has the full line
+# (key of table_row, label) of the matrix's figure rows, then its outcome row.
+MATRIX_FIGURES: tuple[tuple[str, str], ...] = (
+    ("speedup", "Speedup"), ("memory_ratio", "Peak memory ratio"), ("kl_mean", "KL mean"))
+MATRIX_OUTCOME_LABEL = "Outcome"
+MATRIX_INTRO = ("One table per test, a column per hardware its rows ran on: the speedup and the peak memory "
+                "ratio (with their 95% interval and verdict where measured), the KL mean and the outcome.")
+
+
+@dataclass(frozen=True)
+class HardwareMatrix:
+    """One test's figures side by side on every hardware of the report, as plain text (not escaped)."""
+
+    test: str  # the row's nodeid, with its ``[opt_bench call N]`` suffix when it has one
+    hardware: tuple[str, ...]  # the columns: every fingerprint of the report, sorted
+    rows: tuple[tuple[str, tuple[str, ...]], ...]  # (label, one cell per column)
+
+    @property
+    def headers(self) -> list[str]:
+        return ["Figure", *self.hardware]
+
+    @property
+    def cells(self) -> list[list[str]]:
+        return [[label, *cells] for label, cells in self.rows]
+
+
+def hardware_of(test: dict[str, Any], report: Mapping[str, Any]) -> str:
+    """The fingerprint a test row ran on, as ``--opt-compare`` reads it (a row that never probed counts as
+    the run's own, ``environment.hardware``), else :data:`UNKNOWN_HARDWARE`."""
+    return one_line(row_hardware(test, _part(report, "environment")) or "") or UNKNOWN_HARDWARE
+
+
+def report_hardware(report: Mapping[str, Any]) -> list[str]:
+    """The distinct hardware fingerprints of the report's test rows, sorted (the matrix's columns)."""
+    return sorted({hardware_of(test, report) for test in _tests(report)})
+
+
+def matrix_outcome_text(test: Mapping[str, Any]) -> str:
+    """The outcome in a matrix cell: ``outcome_text`` with its reason clipped, and the failed budgets named."""
+    text = outcome_text(test)
+    budgets = failed_budget_names(test)
+    if budgets and text == "failed":
+        text = f"failed budgets: {', '.join(budgets)}"
+    return clip(text, MATRIX_REASON_CHARS)
+
+
+def hardware_matrices(report: Mapping[str, Any]) -> list[HardwareMatrix]:
+    """One :class:`HardwareMatrix` per test (``table_rows`` order) when the report's rows ran on two or
+    more hardware fingerprints; none otherwise (a single machine's report has no matrix).
+
+    A test with no row for a hardware shows :data:`MISSING` figures and :data:`NOT_RUN_HERE` as its
+    outcome; a skipped one shows its reason in the outcome row. Two rows of one test on one hardware
+    (a merge refuses them) show the first.
+    """
+    hardware = report_hardware(report)
+    if len(hardware) < 2:
+        return []
+    by_test: dict[str, dict[str, dict[str, Any]]] = {}
+    for test in sort_tests(_tests(report)):
+        by_test.setdefault(str(test.get("nodeid") or MISSING), {}).setdefault(hardware_of(test, report), test)
+    matrices = []
+    for nodeid, runs in by_test.items():
+        cells = {name: table_row(test) for name, test in runs.items()}
+        rows = [(label, tuple(cells[name][key] if name in cells else MISSING for name in hardware))
+                for key, label in MATRIX_FIGURES]
+        rows.append((MATRIX_OUTCOME_LABEL, tuple(matrix_outcome_text(runs[name]) if name in runs else NOT_RUN_HERE
+                                                  for name in hardware)))
+        matrices.append(HardwareMatrix(nodeid, tuple(hardware), tuple(rows)))
+    return matrices
 
 
 # The terminal table's header of each column of COLUMNS: short, with the unit where the cells leave it out.

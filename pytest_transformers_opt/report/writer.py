@@ -26,6 +26,7 @@ from .view import compile_cache_text, format_memory, format_percent, format_rate
 
 if TYPE_CHECKING:
     from ..session import OptSession, TestRecord
+    from .history import History
 
 AdviceSource = Callable[[dict[str, Any]], list[str]]
 """What the face hands the writer: the built report -> the advisor's summary lines (the advisor comes
@@ -108,6 +109,7 @@ def entries_of(record: "TestRecord") -> list[dict[str, Any]]:
         "speedup_interval": None, "speedup_verdict": None, "speedup_interval_note": None,
         "memory_ratio_interval": None, "memory_ratio_verdict": None, "memory_ratio_interval_note": None,
         "similarity": None, "budgets": [], "failed_budgets": [], "estimates": {}, "regression": None,
+        "rounds_decision": None,
         "hardware": record.hardware,
     }
     if record.plan is not None:
@@ -140,17 +142,24 @@ def all_entries(session: "OptSession") -> list[dict[str, Any]]:
     return sorted(record_entries(session) + list(session.worker_entries.values()), key=_entry_order)
 
 
-def build_report(session: "OptSession") -> dict[str, Any]:
-    tests = all_entries(session)
+def count_outcomes(tests: list[dict[str, Any]]) -> dict[str, int]:
+    """The report's ``summary``: tests per outcome (passed, failed, skipped and error always present)."""
     summary = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
     for entry in tests:
         summary[entry["outcome"]] = summary.get(entry["outcome"], 0) + 1
+    return summary
+
+
+def build_report(session: "OptSession") -> dict[str, Any]:
+    tests = all_entries(session)
+    summary = count_outcomes(tests)
     hardware = session.hardware
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA, "schema_version": REPORT_SCHEMA_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "environment": _clean(hardware.as_environment()),
-        "settings": {"budgets_mode": session.settings.budgets, "rounds": session.settings.rounds,
+        "settings": {"budgets_mode": session.settings.budgets, "rounds": session.settings.rounds.minimum,
+                     "max_rounds": session.settings.rounds.maximum,
                      "warmup": session.settings.warmup, "device": hardware.device,
                      "default_model": session.settings.model},
         "tests": tests, "summary": summary, "advice": None,
@@ -214,10 +223,16 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
     env = report["environment"]
     lines += ["", f"measured on {env.get('device')} ({env.get('gpu_name') or env.get('platform')}), torch "
                   f"{env.get('torch')}, transformers {env.get('transformers')}; all figures measured, medians of "
-                  f"{report['settings']['rounds']} interleaved rounds unless a note says otherwise; peak memory is a "
+                  f"{_rounds_text(report['settings'])} interleaved rounds unless a note says otherwise; peak memory is a "
                   f"delta over what was resident before load; speedup [95% interval] and verdict (n.s.: no "
                   f"significant difference)"]
     return lines
+
+
+def _rounds_text(settings: dict[str, Any]) -> str:
+    if settings.get("max_rounds"):
+        return f"{settings['rounds']} to {settings['max_rounds']} (sequential: until the speed budgets are settled)"
+    return str(settings["rounds"])
 
 
 PREFIX = "transformers-opt: "
@@ -237,6 +252,7 @@ class SessionEnd:
     fails_run: list[str] = field(default_factory=list)  # the subset that changes the exit status
     compare_lines: list[str] = field(default_factory=list)
     regression_line: str | None = None
+    history_line: str | None = None  # where --opt-history recorded the run
 
 
 _END_KEY = pytest.StashKey[SessionEnd]()
@@ -335,7 +351,7 @@ class ReportWriter:
         """--opt-compare: a regression verdict per test, kept on the report and summarised for the terminal."""
         if self.settings.compare_report is None or self.settings.compare is None:
             return
-        from .compare import compare_reports, summarise
+        from .compare import attach_verdicts, compare_reports, summarise
 
         against = f"{self.settings.sources.get('compare', '--opt-compare')}={self.settings.compare}"
         try:
@@ -345,8 +361,7 @@ class ReportWriter:
             self._problem(f"{against}: could not compare the reports: {describe_error(exc)}",
                           fails_run=bool(self.settings.compare_thresholds))
             return
-        for entry in report["tests"]:
-            entry["regression"] = verdicts.get(entry["nodeid"])
+        attach_verdicts(report, verdicts)
         self.end.compare_lines = ["", *lines]
         regressed = sum(v.get("verdict") == "regressed" for v in verdicts.values())
         if regressed and self.settings.compare_thresholds:
@@ -424,6 +439,8 @@ class ReportWriter:
             self._problem(f"could not print the report: {describe_error(exc)}")
         for line in end.problems + ([end.regression_line] if end.regression_line else []):
             reporter.write_line(line, red=True)
+        if end.history_line and reporter.verbosity >= -1:  # said under -q too; -qq hides it
+            reporter.write_line(end.history_line)
         if end.nothing_ran and self._requested() and reporter.verbosity >= 0:
             files = ", ".join(label for label, _ in self._requested())
             reporter.write_line(f"{PREFIX}no test that uses opt_bench, opt_model or opt_baseline_model ran: "
@@ -441,6 +458,7 @@ class ReportWriter:
         labels = dict((key, label) for label, key in self._requested())
         paths = {key: Path(getattr(self.settings, key)) for key in labels}
         summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
+        recorded = self._record_history(report)
         if "report_json" in labels:
             self._write(labels["report_json"], lambda: write_atomic(
                 paths["report_json"], json.dumps(report, indent=2, allow_nan=False) + "\n"))
@@ -463,9 +481,47 @@ class ReportWriter:
             def html() -> None:
                 from .html import render_html
 
-                write_atomic(paths["report_html"], render_html(report))
+                write_atomic(paths["report_html"], render_html(report, history=self._trend_history(report, recorded)))
 
             self._write(labels["report_html"], html)
+
+
+    def _record_history(self, report: dict[str, Any]) -> Path | None:
+        """--opt-history: this run's report appended to the folder; one that cannot be written is one line
+        (the history is a record kept beside the run: it leaves the exit status alone)."""
+        if not self.settings.history:
+            return None
+        from .history import record_run
+
+        label = f"{self.settings.sources.get('history', '--opt-history')}={self.settings.history}"
+        try:
+            recorded = record_run(self.settings.history, report, self.settings.history_keep, self.config.rootpath)
+        except Exception as exc:
+            self._problem(f"could not record the run in {label}: {describe_error(exc)}")
+            return None
+        pruned = f", {recorded.pruned} older pruned" if recorded.pruned else ""
+        self.end.history_line = (f"{PREFIX}run recorded in {recorded.path}; the history holds {recorded.held} "
+                                 f"run{'s' if recorded.held != 1 else ''} (keeps the last "
+                                 f"{self.settings.history_keep}{pruned})")
+        return recorded.path
+
+    def _trend_history(self, report: dict[str, Any], recorded: Path | None) -> History | None:
+        """The recorded runs the HTML report draws trends from (None without --opt-history, or unreadable)."""
+        if not self.settings.history:
+            return None
+        from .history import trend_history
+
+        label = f"{self.settings.sources.get('history', '--opt-history')}={self.settings.history}"
+        try:
+            history = trend_history(self.settings.history, report, recorded)
+        except Exception as exc:
+            self._problem(f"could not read the history {label}: {describe_error(exc)}; the HTML report has no trends")
+            return None
+        if history.left_out:
+            self._problem(f"{len(history.left_out)} file{'s' if len(history.left_out) != 1 else ''} in {label} left "
+                          f"out of the trends: {'; '.join(history.left_out[:3])}"
+                          + (f"; and {len(history.left_out) - 3} more" if len(history.left_out) > 3 else ""))
+        return history
 
 
 def _append(path: str, text: str) -> None:

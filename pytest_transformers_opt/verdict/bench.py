@@ -30,6 +30,7 @@ from ..engine.model import OptModel
 from ..engine.measure import PeakReading, Timings, track_peak_memory
 from ..engine.progress import Work, long_work
 from .results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload
+from .sequential import SETTLEABLE, RoundsDecision, keep_going, parse_rounds
 from .similarity import compare_runs, diverged, forced_run_note
 from ..units import parse_non_negative_int, shown
 
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from ..session import OptSession
 
 DEFAULT_MAX_NEW_TOKENS = 24
-MAX_ROUNDS = 1000  # measured rounds per side: more only burns CI time (the medians settle long before)
 MAX_WARMUP = 100  # warm-up rounds per side
 MAX_NEW_TOKENS = 2**20  # the bound for a model whose config names no max_position_embeddings
 
@@ -113,8 +113,7 @@ def build_workload(session: "OptSession", opt: OptModel, prompts: Any, max_new_t
                                         minimum=1, maximum=positions or MAX_NEW_TOKENS)
     batch = parse_non_negative_int(len(prompts) if batch_size is None else batch_size,
                                    "opt_bench(batch_size=...)", minimum=1)
-    n_rounds = parse_non_negative_int(session.settings.rounds if rounds is None else rounds,
-                                      "opt_bench(rounds=...)", minimum=1, maximum=MAX_ROUNDS)
+    rule = parse_rounds(session.settings.rounds if rounds is None else rounds, "opt_bench(rounds=...)")
     n_warmup = parse_non_negative_int(session.settings.warmup if warmup is None else warmup,
                                       "opt_bench(warmup=...)", minimum=0, maximum=MAX_WARMUP)
     n_warmup = warmup_bounds(n_warmup, opt.generation.compile, session.hardware.is_cuda)[0]
@@ -127,7 +126,7 @@ def build_workload(session: "OptSession", opt: OptModel, prompts: Any, max_new_t
             f"{opt.request.name_or_path} has max_position_embeddings={positions}; accepted: input tokens + "
             f"max_new_tokens <= {positions} (shorter prompts or fewer new tokens)")
     return Workload(prompts=prompts, max_new_tokens=new_tokens, batch_size=min(batch, len(prompts)),
-                    rounds=n_rounds, warmup=n_warmup, input_tokens=input_tokens)
+                    rounds=rule.minimum, max_rounds=rule.maximum, warmup=n_warmup, input_tokens=input_tokens)
 
 
 def _max_positions(opt: OptModel) -> int | None:
@@ -335,15 +334,50 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
 
     recompiles: list[int] = []
 
+    def timed_round(index: int, of: str) -> None:
+        work.status = f"timed round {index + 1}/{of}"
+        sides = [s for s in ((base, opt) if index % 2 == 0 else (opt, base)) if s is not None]
+        for side in sides:
+            run = once(side)
+            (base_timings if side is base else opt_timings).rounds.append(run.timing)
+
     def timed_rounds() -> OptResult:
+        """A fixed count of interleaved rounds (again, to confirm a failed speed budget)."""
         graphs_before = compiled_graph_count()
-        for index in range(workload.rounds):
-            work.status = f"timed round {index + 1}/{workload.rounds}"
-            sides = [s for s in ((base, opt) if index % 2 == 0 else (opt, base)) if s is not None]
-            for side in sides:
-                run = once(side)
-                (base_timings if side is base else opt_timings).rounds.append(run.timing)
+        start = len(opt_timings.rounds)
+        for index in range(start, start + workload.rounds):
+            timed_round(index, str(start + workload.rounds))
         recompiles.append(compiled_graph_count() - graphs_before)
+        return result_so_far()
+
+    def sequential_rounds() -> OptResult:
+        """Rounds one at a time until every speed budget is settled (verdict.sequential), or the cap."""
+        rule = workload.rounds_rule
+        assert rule.maximum is not None
+        decision = RoundsDecision(rule)
+        speed = {name: b for name, b in plan.budgets.items() if name in SETTLEABLE} \
+            if session.settings.budgets != "off" else {}
+        minimum = rule.minimum if speed else rule.report_minimum()
+        graphs_before = compiled_graph_count()
+        for index in range(rule.maximum if speed else minimum):
+            timed_round(index, f"{minimum}..{rule.maximum}" if speed else str(minimum))
+            decision.rounds = index + 1
+            if decision.rounds < minimum:
+                continue
+            if not speed:
+                break
+            interim = result_so_far(intervals=False)
+            paired = base_timings.latency_samples() if base is not None else None
+            if not keep_going(decision, speed, check_budgets(interim, speed), opt_timings.rounds, paired,
+                              interim.baseline.latency_s):
+                break
+        recompiles.append(compiled_graph_count() - graphs_before)
+        result = result_so_far()
+        result.rounds_decision = decision.to_dict()
+        result.notes.append(decision.note())
+        return result
+
+    def result_so_far(intervals: bool = True) -> OptResult:
         compile_time = None
         if opt.generation.compile and opt_timings.warmup_s:
             steady = statistics.median(r.total_s for r in opt_timings.rounds)
@@ -359,22 +393,30 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
                           texts=verification.texts, memory=opt_memory, compile_time=compile_time,
                           recompiles=sum(recompiles) if opt.generation.compile else None)
         optimized.paged_cache_bytes = verification.evidence.paged_cache_bytes
-        return OptResult(
+        result = OptResult(
             baseline=baseline,
             optimized=optimized,
             similarity=similarity, workload=workload, techniques=plan.declared, baseline_techniques=plan.baseline.labels,
             model={"name_or_path": plan.marked.model.name_or_path, "revision": plan.marked.model.revision,
                    "dtype": plan.probe_context.dtype},
-            notes=list(notes), estimates=_decode_estimates(session, opt, workload, optimized),
-        ).with_intervals(paired=base is not None)  # a stored baseline's rounds were not taken in turns
+            notes=list(notes), estimates=_decode_estimates(session, opt, workload, optimized) if intervals else {},
+        )
+        # a stored baseline's rounds were not taken in turns
+        return result.with_intervals(paired=base is not None) if intervals else result
 
     if maximum:
         warm_until_stable(warm_both, 1, maximum - minimum, previous=first)
-    result = timed_rounds()
+    if workload.max_rounds is not None:
+        result = sequential_rounds()
+        # every round ran while a verdict was open: nothing is left to confirm
+        measurement = Measurement(result)
+    else:
+        result = timed_rounds()
+        measurement = Measurement(result, remeasure=timed_rounds)
     # reference is set exactly when the baseline model ran; stored_ctx is never None when updating
     if session.settings.update_baselines and stored_ctx is not None and reference is not None:
         _save_baseline(session, plan, stored_ctx, reference, result)
-    return Measurement(result, remeasure=timed_rounds)
+    return measurement
 
 
 def _save_baseline(session: "OptSession", plan: "TestPlan", ctx: StoredContext, reference: GenerationRun,
@@ -424,14 +466,15 @@ def _run_tensor_parallel_bench(session: "OptSession", plan: "TestPlan", base: Op
     reference, base_memory = _reference_run(session, base, workload)
     if maximum:
         warm_until_stable(warm_base, 1, maximum - minimum, previous=first)
-    for _ in range(workload.rounds):
+    rounds = workload.rounds_rule.report_minimum()  # two blocks, not turns: nothing to stop early on
+    for _ in range(rounds):
         base_timings.rounds.append(once(base).timing)
     request = plan.marked.model
     attention = next((t.impl for t in opt.techniques if t.family == "attention" and hasattr(t, "impl")), "eager")
     try:
         tp = run_tensor_parallel(
             plan.model_path, dtype=request.dtype, tp_size=opt.tensor_parallel_size or 2, prompts=workload.prompts,
-            max_new_tokens=workload.max_new_tokens, batch_size=workload.batch_size, rounds=workload.rounds,
+            max_new_tokens=workload.max_new_tokens, batch_size=workload.batch_size, rounds=rounds,
             warmup=workload.warmup, device_type=session.hardware.device_type, attn_implementation=attention,
             revision=request.revision, trust_remote_code=request.trust_remote_code,
             from_pretrained_kwargs=dict(request.from_pretrained_kwargs), force_tokens=reference.tokens)

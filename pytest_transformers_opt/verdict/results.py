@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .budgets import MEMORY_SLACK_BYTES, MEMORY_SLACK_FRACTION, BudgetCheck
+from .sequential import RoundsRule
 from .similarity import Similarity
 from ..units import format_bytes
 
@@ -35,9 +36,14 @@ class Workload:
     prompts: list[str]
     max_new_tokens: int
     batch_size: int
-    rounds: int
+    rounds: int  # the fixed count, or the sequential rule's minimum
     warmup: int
     input_tokens: int = 0
+    max_rounds: int | None = None  # sequential rounds' cap (verdict.sequential); None: a fixed count
+
+    @property
+    def rounds_rule(self) -> RoundsRule:
+        return RoundsRule(self.rounds, self.max_rounds)
 
     def key(self) -> tuple[Any, ...]:
         """What makes two baseline reference runs interchangeable (rounds do not)."""
@@ -46,7 +52,7 @@ class Workload:
     def to_dict(self) -> dict[str, Any]:
         return {"num_prompts": len(self.prompts), "max_new_tokens": self.max_new_tokens,
                 "batch_size": self.batch_size, "input_tokens": self.input_tokens, "rounds": self.rounds,
-                "warmup": self.warmup, "prompts": list(self.prompts)}
+                "max_rounds": self.max_rounds, "warmup": self.warmup, "prompts": list(self.prompts)}
 
 
 @dataclass
@@ -88,6 +94,7 @@ class OptResult:
     budgets: list[BudgetCheck] = field(default_factory=list)
     model: dict[str, Any] = field(default_factory=dict)
     confirmed: bool = False  # a speed budget failed once and was measured again
+    rounds_decision: dict[str, Any] | None = None  # sequential rounds: how many ran and why (RoundsDecision)
     notes: list[str] = field(default_factory=list)  # how figures were obtained, where it differs
     estimates: dict[str, float] = field(default_factory=dict)  # modelled figures, never beside measured ones
     # The uncertainty of the two ratios (set by ``with_intervals``): a 95% interval, the verdict word
@@ -171,5 +178,6 @@ class OptResult:
             "budgets": [c.to_dict() for c in self.budgets],
             "failed_budgets": self.failed_budgets,
             "notes": list(self.notes),
+            "rounds_decision": self.rounds_decision,
             "estimates": {k: v for k, v in self.estimates.items() if math.isfinite(v)},
         }

@@ -54,7 +54,10 @@ def _usage_error(pytester: pytest.Pytester, result: pytest.RunResult, *fragments
 # --- bad values: command line --------------------------------------------------------------------------
 @pytest.mark.parametrize(("option", "fragments"), [
     ("--opt-rounds=0", ["argument --opt-rounds", "0 must be a whole number >= 1"]),
-    ("--opt-rounds=x", ["argument --opt-rounds", "'x' must be a whole number >= 1"]),
+    ("--opt-rounds=x", ["argument --opt-rounds", "'x' must be a whole number >= 1",
+                        "accepted: N (a fixed count, 1 to 1000), MIN..MAX (sequential) or auto (3..20)"]),
+    ("--opt-rounds=5..2", ["argument --opt-rounds", "(MAX of MIN..MAX): 2 must be a whole number >= 5"]),
+    ("--opt-rounds=3..x", ["argument --opt-rounds", "'3..x' is not MIN..MAX; accepted: N (a fixed count"]),
     ("--opt-warmup=-1", ["argument --opt-warmup", "-1 must be a whole number >= 0"]),
     ("--opt-warmup=some", ["argument --opt-warmup", "'some' must be a whole number >= 0"]),
     ("--opt-budgets=sometimes", ["argument --opt-budgets", "'sometimes' is not a budget mode",
@@ -268,7 +271,7 @@ DOCUMENTED_OPTIONS = {
     "--opt-compare-fail=EXPR[,EXPR]": "regressions",
     "--opt-gpus-per-worker=N": "xdist",
     "--opt-techniques": "catalogue",
-    "--opt-rounds=N": "rounds",
+    "--opt-rounds=N|MIN..MAX|auto": "sequential",
     "--opt-warmup=N": "warm-up",
 }
 
@@ -328,7 +331,7 @@ from pytest_transformers_opt.session import SESSION_KEY
 
 def pytest_sessionstart(session):
     settings = session.config.stash[SESSION_KEY].settings
-    assert (settings.rounds, settings.warmup, settings.budgets, settings.require) == (2, 0, "warn", frozenset({"sdpa"}))
+    assert (settings.rounds.minimum, settings.rounds.maximum, settings.warmup, settings.budgets, settings.require) == (2, None, 0, "warn", frozenset({"sdpa"}))
     assert settings.sources["rounds"] == "--opt-rounds" and settings.compare_thresholds == []
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.rounds = 3

@@ -211,3 +211,138 @@ def test_gate_script_passes_compare_flags_only_when_a_baseline_was_downloaded(
     else:
         assert "running without --opt-compare" in result.stdout
     assert args == expected
+
+
+# --------------------------------------------------------------------------- gpu-gate.yml: the matrix variant
+
+
+def _run_step(tmp_path: Path, step: dict[str, Any], cwd: Path, fakes: dict[str, str],
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """A step's own bash script, with stand-in commands (name -> sh script) first on PATH."""
+    bash = shutil.which("bash")
+    assert bash is not None and step["shell"] == "bash"
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir(exist_ok=True)
+    for name, body in fakes.items():
+        fake = fake_bin / name
+        fake.write_text("#!/bin/sh\n" + body, encoding="utf-8")
+        fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    script = tmp_path / "step.sh"
+    script.write_text(step["run"], encoding="utf-8")
+    full_env = {**os.environ, "PATH": f"{fake_bin}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
+    return subprocess.run([bash, "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+RECORD_ARGS = 'for arg in "$@"; do printf "%s\\n" "$arg"; done > "$ARGS_FILE"\n'
+
+
+def _named_step(workflow: dict[str, Any], job: str, words: str) -> dict[str, Any]:
+    matches = [step for step in _steps(workflow, job) if words in str(step.get("name", ""))]
+    assert len(matches) == 1, f"expected one step named *{words}* in {job}"
+    return matches[0]
+
+
+def test_the_variable_opt_gate_gpus_chooses_one_variant() -> None:
+    jobs = _load(GATE_YML)["jobs"]
+    assert set(jobs) == {"gpu-gate", "shard", "merge"}
+    assert jobs["gpu-gate"]["if"].startswith("vars.OPT_GATE_GPUS == '' && (")
+    assert jobs["shard"]["if"].startswith("vars.OPT_GATE_GPUS != '' && (")
+    for job in ("gpu-gate", "shard"):  # pull requests from forks never run on the self-hosted machines
+        assert "github.event.pull_request.head.repo.full_name == github.repository" in jobs[job]["if"]
+    assert jobs["merge"]["needs"] == "shard"
+    assert jobs["merge"]["if"] == "${{ !cancelled() && needs.shard.result != 'skipped' }}"
+
+
+def test_the_matrix_runs_every_shard_on_every_listed_gpu_and_uploads_each_report() -> None:
+    job = _load(GATE_YML)["jobs"]["shard"]
+    matrix = job["strategy"]["matrix"]
+    assert matrix["gpu"] == "${{ fromJSON(vars.OPT_GATE_GPUS || '[\"gpu\"]') }}"
+    assert matrix["shard"] == list(range(1, int(job["env"]["SHARDS"]) + 1))
+    assert job["strategy"]["fail-fast"] is False
+    assert job["runs-on"] == ["self-hosted", "${{ matrix.gpu }}"]
+    steps = job["steps"]
+    assert any("pytest-split" in str(step.get("run", "")) for step in steps)
+    upload = _step_using(steps, "actions/upload-artifact@")
+    assert upload["if"] == "always()"
+    assert upload["with"]["name"] == "opt-shard-${{ matrix.gpu }}-${{ matrix.shard }}"
+    assert upload["with"]["path"] == "example_project/opt-report.json"
+    assert steps.index(_named_step(_load(GATE_YML), "shard", "optimization tests")) < steps.index(upload)
+
+
+@pytest.mark.parametrize("with_split", [True, False], ids=["pytest-split", "test-files"])
+def test_a_shard_selects_its_tests_with_pytest_split_or_by_test_file(tmp_path: Path, with_split: bool) -> None:
+    step = _named_step(_load(GATE_YML), "shard", "optimization tests")
+    assert step["working-directory"] == "example_project"
+    project = tmp_path / "example_project"
+    (project / "tests").mkdir(parents=True)
+    for name in ("test_a.py", "test_b.py", "test_c.py", "test_d.py", "conftest.py"):
+        (project / "tests" / name).write_text("", encoding="utf-8")
+    args_file = tmp_path / "args.txt"
+    fakes = {"pytest": RECORD_ARGS, "python": f"exit {0 if with_split else 1}\n"}  # python -c "import pytest_split"
+    result = _run_step(tmp_path, step, project, fakes,
+                       {"ARGS_FILE": str(args_file), "SHARDS": "3", "SHARD": "1"})
+    assert result.returncode == 0, result.stderr
+    selection = ["--splits", "3", "--group", "1"] if with_split else ["tests/test_a.py", "tests/test_d.py"]
+    assert args_file.read_text(encoding="utf-8").splitlines() == [
+        "--opt-report", f"--opt-require={REQUIRED}", "--opt-report-json=opt-report.json",
+        "--opt-report-md=opt-report.md", *selection]
+
+
+def test_a_shard_without_test_files_runs_nothing(tmp_path: Path) -> None:
+    step = _named_step(_load(GATE_YML), "shard", "optimization tests")
+    project = tmp_path / "example_project"
+    (project / "tests").mkdir(parents=True)
+    (project / "tests" / "test_a.py").write_text("", encoding="utf-8")
+    result = _run_step(tmp_path, step, project, {"pytest": "exit 3\n", "python": "exit 1\n"},
+                       {"SHARDS": "3", "SHARD": "2"})
+    assert result.returncode == 0 and "Shard 2 of 3 has no test file" in result.stdout
+
+
+def test_the_merge_job_downloads_every_shard_and_main_s_report() -> None:
+    workflow = _load(GATE_YML)
+    steps = _steps(workflow, "merge")
+    assert workflow["jobs"]["merge"]["runs-on"] == "ubuntu-latest"
+    assert _step_using(steps, "actions/download-artifact@")["with"] == {"pattern": "opt-shard-*", "path": "shards"}
+    baseline = _step_using(steps, "dawidd6/action-download-artifact@")
+    assert baseline["with"]["name"] == "opt-report" and baseline["with"]["branch"] == "main"
+    assert baseline["with"]["path"] == "baseline"
+    upload = _step_using(steps, "actions/upload-artifact@")  # the merged report is the next run's baseline
+    assert upload["if"] == "always()" and upload["with"]["name"] == "opt-report"
+    gate = _named_step(workflow, "merge", "Merge, gate")
+    assert steps.index(baseline) < steps.index(gate) < steps.index(upload)
+
+
+@pytest.mark.parametrize("status, with_baseline", [(0, True), (1, True), (2, False)],
+                         ids=["passes", "regressed", "no-baseline-bad-input"])
+def test_the_merge_step_gates_on_the_merge_exit_status_and_writes_the_step_summary(
+        tmp_path: Path, status: int, with_baseline: bool) -> None:
+    step = _named_step(_load(GATE_YML), "merge", "Merge, gate")
+    work = tmp_path / "work"
+    for shard in ("opt-shard-gpu-1", "opt-shard-gpu-2"):
+        (work / "shards" / shard).mkdir(parents=True)
+        (work / "shards" / shard / "opt-report.json").write_text("{}", encoding="utf-8")
+    if with_baseline:
+        (work / "baseline").mkdir()
+        (work / "baseline" / "opt-report.json").write_text("{}", encoding="utf-8")
+    args_file, summary = tmp_path / "args.txt", tmp_path / "summary.md"
+    summary.write_text("earlier step\n", encoding="utf-8")
+    fake = RECORD_ARGS + ("" if status == 2 else 'printf "# merged\\n" > opt-report.md\n') + f"exit {status}\n"
+    result = _run_step(tmp_path, step, work, {"pytest-opt": fake},
+                       {"ARGS_FILE": str(args_file), "GITHUB_STEP_SUMMARY": str(summary)})
+    assert result.returncode == status, result.stderr
+    expected = ["merge", "shards/opt-shard-gpu-1/opt-report.json", "shards/opt-shard-gpu-2/opt-report.json",
+                "-o", "opt-report.json", "--md", "opt-report.md"]
+    if with_baseline:
+        expected += ["--compare", "baseline/opt-report.json", "--compare-fail", COMPARE_FAIL]
+    else:
+        assert "merging without --compare" in result.stdout
+    assert args_file.read_text(encoding="utf-8").splitlines() == expected
+    # appended, also when the gate failed; nothing when the merge wrote no summary
+    assert summary.read_text(encoding="utf-8") == "earlier step\n" + ("" if status == 2 else "# merged\n")
+
+
+def test_the_merge_step_fails_when_no_shard_uploaded_a_report(tmp_path: Path) -> None:
+    step = _named_step(_load(GATE_YML), "merge", "Merge, gate")
+    result = _run_step(tmp_path, step, tmp_path, {"pytest-opt": "exit 0\n"})
+    assert result.returncode == 1 and "No shard uploaded a report" in result.stdout

@@ -23,7 +23,8 @@ from pytest_transformers_opt.verdict.budgets import BUDGETS, parse_budget
 from pytest_transformers_opt.errors import OptConfigError, OptTechniqueConflict
 from pytest_transformers_opt.units import parse_dtype
 from pytest_transformers_opt.options import OPTIONS, _device, _mode, _names, _rounds, _warmup
-from pytest_transformers_opt.verdict.bench import MAX_ROUNDS, MAX_WARMUP
+from pytest_transformers_opt.verdict.bench import MAX_WARMUP
+from pytest_transformers_opt.verdict.sequential import MAX_ROUNDS, RoundsRule
 from pytest_transformers_opt.techniques import Technique, TechniqueSpec, build_registry, check_stack
 from pytest_transformers_opt.units import (parse_duration, parse_fraction, parse_non_negative_int,
                                            parse_positive_float, parse_size, parse_throughput)
@@ -469,7 +470,7 @@ def test_names_round_trip(names: list[str]) -> None:
 @given(st.integers(min_value=-5, max_value=10**6))
 def test_rounds_and_warmup(n: int) -> None:
     if 1 <= n <= MAX_ROUNDS:
-        assert _rounds(str(n)) == n
+        assert _rounds(str(n)) == RoundsRule(n)  # a fixed count
     else:
         _rejects(_rounds, str(n), "rounds", f">= 1 and <= {MAX_ROUNDS}")
     if 0 <= n <= MAX_WARMUP:

@@ -1,0 +1,367 @@
+"""The run history (``--opt-history=DIR``): each run's JSON report kept as one file, and the trends read back.
+
+A recorded run is ``DIR/<UTC time>[_<n>][-<commit>[-dirty]].json``: ``20261201T131500Z-1a2b3c4.json``.
+The time is the report's ``created`` (a second run in the same second gets ``_2``, ``_3``), the commit
+``git rev-parse --short=7 HEAD`` of the checkout pytest ran in (none outside a checkout), ``-dirty`` when
+tracked files had changes. Names sort by time, so the folder lists oldest first. After each write the
+folder is pruned to the newest ``keep`` runs, and only files with such a name are ever deleted.
+
+Reading goes through the one report reader (``schema.load_report``: the size, depth and count limits of
+``files.read_json`` and the schema), so a crafted or broken file in the folder is left out and named,
+never a broken report.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..errors import OptConfigError
+from ..files import write_atomic
+from ..units import clip
+from ..verdict.stats import MIN_BOOTSTRAP_SAMPLES, median_ratio_interval
+from .schema import load_report
+
+DEFAULT_TREND_RUNS = 20
+"""Recorded runs the HTML report's trend charts show."""
+GIT_TIMEOUT_S = 5.0
+_STAMP = "%Y%m%dT%H%M%SZ"
+_LABEL_TIME = "%m-%d %H:%M:%S"
+NAME_PATTERN = re.compile(r"(?P<stamp>\d{8}T\d{6}Z)(?:_(?P<seq>[0-9]{1,6}))?"
+                          r"(?:-(?P<commit>[0-9a-f]{7,40})(?P<dirty>-dirty)?)?\.json")
+_MAX_SEQ = 999
+_EXTRA_READS = 20  # files past the limit tried when some of the newest cannot be read
+_REASON_CHARS = 160
+
+
+@dataclass(frozen=True)
+class RunName:
+    """What a recorded run's file name says: when, which commit, whether the tree had changes."""
+
+    name: str
+    moment: _dt.datetime
+    seq: int = 1
+    commit: str | None = None
+    dirty: bool = False
+
+    @property
+    def order(self) -> tuple[_dt.datetime, int, str]:
+        return self.moment, self.seq, self.name
+
+    def label(self) -> tuple[str, str]:
+        """The two lines under a chart's point: ``12-01 13:15:00`` and the commit (or ``no commit``)."""
+        commit = (self.commit or "no commit") + ("+" if self.dirty else "")
+        return self.moment.strftime(_LABEL_TIME), commit
+
+    def describe(self) -> str:
+        """``2026-12-01 13:15:00 UTC, commit 1a2b3c4 (uncommitted changes)``."""
+        text = self.moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+        if self.commit:
+            text += f", commit {self.commit}" + (" (uncommitted changes)" if self.dirty else "")
+        return text
+
+
+def parse_name(name: str) -> RunName | None:
+    """The run a history file name describes, or None for a name this feature never writes."""
+    match = NAME_PATTERN.fullmatch(name)
+    if match is None:
+        return None
+    try:
+        moment = _dt.datetime.strptime(match["stamp"], _STAMP).replace(tzinfo=_dt.timezone.utc)
+    except ValueError:  # 20261399T...: digits, but no time
+        return None
+    return RunName(name, moment, int(match["seq"] or 1), match["commit"], bool(match["dirty"]))
+
+
+def run_names(folder: str | os.PathLike[str]) -> list[RunName]:
+    """The recorded runs in ``folder``, oldest first (files with a history name only; none when it is missing)."""
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return []
+    names = [parse_name(entry.name) for entry in entries if not entry.is_dir(follow_symlinks=False)]
+    return sorted((name for name in names if name is not None), key=lambda name: name.order)
+
+
+# ------------------------------------------------------------------------------------------ commit
+
+
+def _git(args: Sequence[str], cwd: str | os.PathLike[str]) -> str | None:
+    """``git ARGS`` in ``cwd``: its output, or None when it failed or took longer than ``GIT_TIMEOUT_S``.
+    Raises ``FileNotFoundError`` when there is no git."""
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT_S,
+                              check=False, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _head_from_files(cwd: Path) -> str | None:
+    """The commit ``.git/HEAD`` names, read without git (a machine without it): a detached head or a branch
+    in ``refs/heads`` or ``packed-refs``."""
+    for folder in (cwd, *cwd.parents):
+        git_dir = folder / ".git"
+        if git_dir.is_file():  # a worktree or submodule: "gitdir: PATH"
+            text = git_dir.read_text(encoding="utf-8", errors="replace").strip()
+            git_dir = (folder / text.removeprefix("gitdir:").strip()).resolve()
+        if not (git_dir / "HEAD").is_file():
+            continue
+        head = (git_dir / "HEAD").read_text(encoding="utf-8", errors="replace").strip()
+        if not head.startswith("ref:"):
+            return head if re.fullmatch(r"[0-9a-f]{40,64}", head) else None
+        ref = head.removeprefix("ref:").strip()
+        if (git_dir / ref).is_file():
+            commit = (git_dir / ref).read_text(encoding="utf-8", errors="replace").strip()
+            return commit if re.fullmatch(r"[0-9a-f]{40,64}", commit) else None
+        packed = git_dir / "packed-refs"
+        if packed.is_file():
+            for line in packed.read_text(encoding="utf-8", errors="replace").splitlines():
+                parts = line.split()
+                if len(parts) == 2 and parts[1] == ref and re.fullmatch(r"[0-9a-f]{40,64}", parts[0]):
+                    return parts[0]
+        return None  # a branch with no commit yet
+    return None
+
+
+def git_commit(cwd: str | os.PathLike[str]) -> tuple[str | None, bool]:
+    """(the short commit of the checkout ``cwd`` is in, whether tracked files have changes); (None, False)
+    outside a checkout, or when git does not answer within ``GIT_TIMEOUT_S``."""
+    try:
+        head = _git(["rev-parse", "--short=7", "HEAD"], cwd)
+        if head is None or not re.fullmatch(r"[0-9a-f]{7,40}", head.strip()):
+            return None, False
+        status = _git(["status", "--porcelain", "--untracked-files=no"], cwd)
+        return head.strip(), bool(status and status.strip())
+    except FileNotFoundError:  # no git on this machine: the commit from the files, changes unknown
+        try:
+            commit = _head_from_files(Path(cwd).resolve())
+        except OSError:
+            return None, False
+        return (commit[:7] if commit else None), False
+    except OSError:
+        return None, False
+
+
+# ------------------------------------------------------------------------------------------ writing
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One run written to the history."""
+
+    path: Path
+    held: int  # recorded runs in the folder after pruning
+    pruned: int  # older runs deleted to stay within ``keep``
+
+
+def _created(report: Mapping[str, Any]) -> _dt.datetime:
+    try:
+        moment = _dt.datetime.fromisoformat(str(report.get("created")))
+    except ValueError:
+        moment = _dt.datetime.now(_dt.timezone.utc)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=_dt.timezone.utc)
+    return moment.astimezone(_dt.timezone.utc)
+
+
+def _claim(folder: Path, moment: _dt.datetime, commit: str | None, dirty: bool) -> Path:
+    """A new file name for this run, created empty (``O_EXCL``) so two sessions never take the same one."""
+    tail = (f"-{commit}" + ("-dirty" if dirty else "")) if commit else ""
+    for seq in range(1, _MAX_SEQ + 1):
+        path = folder / f"{moment.strftime(_STAMP)}{f'_{seq}' if seq > 1 else ''}{tail}.json"
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"{_MAX_SEQ} runs recorded in the same second already")
+
+
+def prune(folder: str | os.PathLike[str], keep: int, *, spare: Path | None = None) -> tuple[int, int]:
+    """Delete the oldest recorded runs past the newest ``keep`` (never ``spare``, the run just written, nor
+    any file without a history name); (runs left, runs deleted)."""
+    names = run_names(folder)
+    others = [name for name in names if spare is None or name.name != spare.name]
+    excess = len(names) - keep
+    deleted = 0
+    for name in others[:max(0, excess)]:
+        try:
+            os.unlink(Path(folder) / name.name)
+            deleted += 1
+        except FileNotFoundError:  # another session pruned it first
+            deleted += 1
+    return len(names) - deleted, deleted
+
+
+def record_run(folder: str | os.PathLike[str], report: Mapping[str, Any], keep: int,
+               cwd: str | os.PathLike[str]) -> Recorded:
+    """Write ``report`` into the history ``folder`` (created when missing), then prune it to ``keep`` runs.
+
+    ``cwd`` is where the commit is read (the project's root). Raises ``OSError`` when the folder cannot be
+    written; a claimed name is removed again then, so no empty file is left.
+    """
+    target = Path(folder)
+    target.mkdir(parents=True, exist_ok=True)
+    commit, dirty = git_commit(cwd)
+    path = _claim(target, _created(report), commit, dirty)
+    try:
+        write_atomic(path, json.dumps(report, indent=1, allow_nan=False) + "\n")
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    held, pruned = prune(target, keep, spare=path)
+    return Recorded(path, held, pruned)
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+
+@dataclass
+class HistoryRun:
+    """One run of the trend: its name (None for this run when it could not be recorded) and its report."""
+
+    name: RunName | None
+    report: Mapping[str, Any]
+    current: bool = False
+
+    def label(self) -> tuple[str, str]:
+        """The two lines under the run's point: time, and commit (``not recorded`` for an unwritten run)."""
+        if self.name is not None:
+            return self.name.label()
+        return _created(self.report).strftime(_LABEL_TIME), "not recorded"
+
+    def describe(self) -> str:
+        text = self.name.describe() if self.name is not None else _created(self.report).strftime(
+            "%Y-%m-%d %H:%M:%S UTC") + ", not recorded"
+        return text + (" (this run)" if self.current else "")
+
+
+@dataclass
+class History:
+    """The runs a trend is drawn from, oldest first, and the files left out (``name: why``)."""
+
+    folder: str
+    runs: list[HistoryRun] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+
+
+def load_history(folder: str | os.PathLike[str], limit: int = DEFAULT_TREND_RUNS) -> History:
+    """The newest ``limit`` recorded runs that read and validate, oldest first; the others are named in
+    ``left_out``. A missing folder is an empty history."""
+    history = History(os.fspath(folder))
+    loaded: list[HistoryRun] = []
+    for name in reversed(run_names(folder)[-(limit + _EXTRA_READS):]):
+        if len(loaded) >= limit:
+            break
+        path = Path(folder) / name.name
+        try:
+            report = load_report(path)
+        except OptConfigError as exc:  # "is not JSON: ...", "cannot be used: ...", "cannot read: ...": the name says which
+            why = str(exc).replace(f" the report {str(path)!r}", "").replace(f"the report {str(path)!r} ", "")
+            history.left_out.append(f"{name.name}: {clip(why, _REASON_CHARS)}")
+            continue
+        loaded.append(HistoryRun(name, report))
+    history.runs = loaded[::-1]
+    return history
+
+
+def trend_history(folder: str | os.PathLike[str], report: Mapping[str, Any], recorded: Path | None,
+                  limit: int = DEFAULT_TREND_RUNS) -> History:
+    """The history with this run (``report``) last and marked current: the recorded file when it was
+    written (``recorded``), else the report itself, so the chart shows this run either way."""
+    history = load_history(folder, limit)
+    runs = [run for run in history.runs if recorded is None or run.name is None or run.name.name != recorded.name]
+    name = parse_name(recorded.name) if recorded is not None else None
+    runs.append(HistoryRun(name, report, current=True))
+    history.runs = runs[-limit:]
+    return history
+
+
+# ------------------------------------------------------------------------------------------ trends
+
+
+@dataclass(frozen=True)
+class TrendPoint:
+    """One run's figures for one test; ``run`` indexes ``History.runs``."""
+
+    run: int
+    latency_s: float | None
+    latency_range: tuple[float, float] | None  # the whisker
+    range_kind: str | None  # what the whisker is: "95% interval ..." or "min-max ..."
+    peak_memory_bytes: float | None
+
+
+@dataclass
+class Trend:
+    nodeid: str
+    hardware: str | None
+    points: list[TrendPoint] = field(default_factory=list)
+
+
+def _figure(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def latency_range(samples: Any) -> tuple[tuple[float, float], str] | None:
+    """The whisker of one run's optimized latency: the 95% bootstrap interval of the median of its rounds
+    (``verdict.stats``, the one the speedup uses) from ``MIN_BOOTSTRAP_SAMPLES`` rounds up, else the rounds'
+    min-max, said so; None for fewer than 2 rounds."""
+    if not isinstance(samples, list):
+        return None
+    values = [v for v in (_figure(s) for s in samples) if v is not None and v > 0]
+    if len(values) >= MIN_BOOTSTRAP_SAMPLES:
+        # the median over a denominator of ones, resampled in pairs: the interval of the median itself
+        interval = median_ratio_interval(values, [1.0] * len(values), paired=True)
+        if interval is not None:
+            return interval, f"95% interval of the median (bootstrap over {len(values)} rounds)"
+    if len(values) >= 2:
+        return (min(values), max(values)), f"min-max of {len(values)} rounds (too few for an interval)"
+    return None
+
+
+def _point(run: int, test: Mapping[str, Any]) -> TrendPoint | None:
+    optimized = test.get("optimized")
+    if not isinstance(optimized, dict):
+        return None
+    latency = _figure(optimized.get("latency_s"))
+    memory = _figure(optimized.get("peak_memory_bytes"))
+    if latency is None and memory is None:
+        return None
+    whisker = latency_range(optimized.get("latency_samples_s")) if latency is not None else None
+    return TrendPoint(run, latency, whisker[0] if whisker else None, whisker[1] if whisker else None, memory)
+
+
+def trends(history: History) -> list[Trend]:
+    """One trend per test of the current run (the last), keyed by node id and hardware, with a point for
+    each run in which that test on that hardware has an optimized figure."""
+    if not history.runs:
+        return []
+    keys: dict[tuple[str, Any], Trend] = {}
+    for test in _tests(history.runs[-1].report):
+        keys.setdefault((test["nodeid"], test.get("hardware")), Trend(test["nodeid"], test.get("hardware")))
+    for index, run in enumerate(history.runs):
+        seen: set[tuple[str, Any]] = set()
+        for test in _tests(run.report):
+            key = (test["nodeid"], test.get("hardware"))
+            if key in keys and key not in seen:  # a report holds a (test, hardware) once; a crafted one, first wins
+                seen.add(key)
+                point = _point(index, test)
+                if point is not None:
+                    keys[key].points.append(point)
+    return list(keys.values())
+
+
+def _tests(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    tests = report.get("tests")
+    return [t for t in tests if isinstance(t, dict) and isinstance(t.get("nodeid"), str)] \
+        if isinstance(tests, list) else []

@@ -1,0 +1,225 @@
+"""Sequential rounds: measure until every speed budget's verdict is settled, not a fixed count.
+
+``--opt-rounds=auto`` (the default) and ``--opt-rounds=MIN..MAX`` run at least MIN interleaved
+rounds and then one more at a time, up to MAX, while a speed budget's verdict is still open. A
+verdict is settled when two independent questions give the same answer:
+
+* Wald's sequential probability ratio test on the rounds' log excess over the limit (for
+  ``min_speedup``: log(optimized x limit / baseline) of each interleaved pair) between "within the
+  limit" (mean 0) and "``SLOWDOWN_MARGIN`` beyond it", both errors at ``ERROR_RATE``, the noise
+  estimated from the rounds themselves; and
+* the budget's own rule (``budgets.check_budgets``: the medians, and for ``min_speedup`` the
+  one-sided Mann-Whitney test), which stays the verdict.
+
+The SPRT decides when to stop, never what the verdict is: a run that stops early has exactly the
+verdict the same rounds would have had at a fixed count, and one whose two answers disagree goes
+on to MAX and is judged there by the budget's rule, as a fixed count is. A test with no speed
+budget runs the rounds the report's 95% interval needs (``MIN_BOOTSTRAP_SAMPLES``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import OptConfigError
+from ..units import parse_non_negative_int, shown
+from .budgets import BORDERLINE, Budget, BudgetCheck
+from .stats import MIN_BOOTSTRAP_SAMPLES
+
+if TYPE_CHECKING:
+    from ..engine.measure import RoundTiming
+
+MAX_ROUNDS = 1000  # measured rounds per side: more only burns CI time (the medians settle long before)
+SEQUENTIAL_MIN_ROUNDS = 3  # the fewest rounds at which the Mann-Whitney test and a noise estimate mean anything
+SEQUENTIAL_MAX_ROUNDS = 20  # the cap while a verdict stays open (twice today's fixed 5 + 5 confirming rounds)
+SLOWDOWN_MARGIN = 0.10  # the SPRT's alternative: 10% beyond the limit (20% slowdowns are caught every time)
+ERROR_RATE = 0.01  # the SPRT's false-alarm and miss rates
+NOISE_FLOOR = 0.005  # the smallest per-round noise (log scale) assumed: a few equal rounds prove nothing more
+# The budgets a sequential test can settle: one log excess per round (min_throughput: rounds' tokens/s)
+SETTLEABLE = ("min_speedup", "max_latency", "max_ttft", "max_tpot", "min_throughput")
+WITHIN, BEYOND = "within", "beyond"
+
+
+@dataclass(frozen=True)
+class RoundsRule:
+    """How many timed rounds a test runs: ``maximum`` None for a fixed count (``minimum`` rounds)."""
+
+    minimum: int
+    maximum: int | None = None
+
+    @property
+    def sequential(self) -> bool:
+        return self.maximum is not None
+
+    def report_minimum(self) -> int:
+        """Rounds a test without a speed budget runs: enough for the report's 95% interval."""
+        return max(self.minimum, MIN_BOOTSTRAP_SAMPLES) if self.sequential else self.minimum
+
+    def __repr__(self) -> str:  # as the option is written (the --help default, the report header)
+        if self == AUTO_ROUNDS:
+            return "auto"
+        return f"{self.minimum}..{self.maximum}" if self.sequential else str(self.minimum)
+
+
+AUTO_ROUNDS = RoundsRule(SEQUENTIAL_MIN_ROUNDS, SEQUENTIAL_MAX_ROUNDS)
+ROUNDS_FORMS = (f"N (a fixed count, 1 to {MAX_ROUNDS}), MIN..MAX (sequential) or auto "
+                f"({SEQUENTIAL_MIN_ROUNDS}..{SEQUENTIAL_MAX_ROUNDS})")
+
+
+def parse_rounds(value: object, where: str = "rounds") -> RoundsRule:
+    """``5`` / ``"5"`` (fixed), ``"auto"`` or ``"MIN..MAX"`` (sequential); a bad value names the forms."""
+    if isinstance(value, RoundsRule):
+        return value
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text == "auto":
+        return AUTO_ROUNDS
+    if text is not None and ".." in text:
+        match = re.fullmatch(r"([0-9]{1,30})\.\.([0-9]{1,30})", text)
+        if match is None:
+            raise OptConfigError(f"{where}: {shown(value, 40)} is not MIN..MAX; accepted: {ROUNDS_FORMS}")
+        low = parse_non_negative_int(match[1], f"{where} (MIN of MIN..MAX)", minimum=1, maximum=MAX_ROUNDS)
+        high = parse_non_negative_int(match[2], f"{where} (MAX of MIN..MAX)", minimum=max(low, 2), maximum=MAX_ROUNDS)
+        return RoundsRule(low, high)
+    try:
+        return RoundsRule(parse_non_negative_int(value, where, minimum=1, maximum=MAX_ROUNDS))
+    except OptConfigError as exc:
+        raise OptConfigError(f"{exc}; accepted: {ROUNDS_FORMS}") from None
+
+
+def log_excess(name: str, limit: float, optimized: "list[RoundTiming]",
+               baseline_latencies: list[float] | None, baseline_median: float | None) -> list[float]:
+    """Per round, how far beyond ``limit`` the budget's figure lies, on a log scale (> 0: beyond).
+
+    ``min_speedup`` pairs round i of each side when both sides ran interleaved rounds here
+    (``baseline_latencies``), else compares each optimized round with the baseline's median (a
+    stored baseline).
+    """
+    if name == "min_speedup":
+        latencies = [r.latency_s for r in optimized]
+        if baseline_latencies is not None and len(baseline_latencies) == len(optimized):
+            pairs = list(zip(latencies, baseline_latencies))
+        elif baseline_median:
+            pairs = [(o, baseline_median) for o in latencies]
+        else:
+            return []
+        return [math.log(o * limit / b) for o, b in pairs if o > 0 and b > 0]
+    if name == "min_throughput":
+        return [math.log(limit * r.total_s / r.tokens) for r in optimized if r.tokens > 0 and r.total_s > 0]
+    values: list[float | None] = ([r.latency_s for r in optimized] if name == "max_latency"
+                                  else [r.ttft_s for r in optimized] if name == "max_ttft"
+                                  else [r.tpot_s for r in optimized])
+    return [math.log(v / limit) for v in values if v is not None and v > 0]
+
+
+def _robust(excess: list[float]) -> tuple[float, list[float]]:
+    """(noise, rounds clipped). The noise is the larger of the rounds' standard deviation and their
+    median absolute deviation (x 1.4826), at least ``NOISE_FLOOR``: either alone is often far too small
+    in 3-round samples (the deviation alone gave 3.2% false alarms instead of 1.3% in a simulation of
+    null runs with 5% normal noise). Each round is clipped to within 3 noises of the
+    median, so one stalled round on a shared machine moves the test by a bounded step."""
+    middle = statistics.median(excess)
+    spread = 1.4826 * statistics.median(abs(x - middle) for x in excess)
+    sigma = max(spread, statistics.stdev(excess), NOISE_FLOOR)
+    return sigma, [min(max(x, middle - 3 * sigma), middle + 3 * sigma) for x in excess]
+
+
+def sprt(excess: list[float], margin: float = SLOWDOWN_MARGIN, error_rate: float = ERROR_RATE) -> str | None:
+    """WITHIN or BEYOND once Wald's test between mean 0 and log(1 + margin) decides; None while open.
+
+    Normal rounds (the noise estimated from them and clipping, see ``_robust``): the log-likelihood
+    ratio of n rounds is delta / sigma^2 x sum(x - delta / 2).
+    """
+    if len(excess) < 2:
+        return None
+    delta = math.log1p(margin)
+    sigma, clipped = _robust(excess)
+    llr = delta / sigma**2 * sum(x - delta / 2 for x in clipped)
+    upper = math.log((1 - error_rate) / error_rate)
+    if llr >= upper:
+        return BEYOND
+    if llr <= -upper:
+        return WITHIN
+    return None
+
+
+def rounds_to_settle(excess: list[float], margin: float = SLOWDOWN_MARGIN, error_rate: float = ERROR_RATE) -> float:
+    """Wald's expected rounds for the SPRT to settle at one of its two hypotheses, at this noise."""
+    if len(excess) < 2:
+        return math.inf
+    sigma, _ = _robust(excess)
+    return 2 * sigma**2 * math.log((1 - error_rate) / error_rate) / math.log1p(margin) ** 2
+
+
+@dataclass
+class RoundsDecision:
+    """What the sequential rule decided, for the report (``rounds_decision``)."""
+
+    rule: RoundsRule
+    rounds: int = 0
+    settled: bool = True
+    budgets: dict[str, str] = field(default_factory=dict)  # speed budget -> how its verdict was reached
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule": "sequential", "min_rounds": self.rule.minimum, "max_rounds": self.rule.maximum,
+                "rounds": self.rounds, "settled": self.settled, "margin": SLOWDOWN_MARGIN,
+                "error_rate": ERROR_RATE, "budgets": dict(self.budgets)}
+
+    def note(self) -> str:
+        if not self.budgets:
+            return (f"sequential rounds: no speed budget to settle, so the {self.rounds} rounds the report's 95% "
+                    f"interval needs")
+        how = "; ".join(f"{name}: {word}" for name, word in self.budgets.items())
+        if self.settled:
+            return f"sequential rounds: every speed budget settled after {self.rounds} rounds ({how})"
+        return (f"sequential rounds: a speed budget was still open after {self.rounds} rounds, judged by its own rule "
+                f"there ({how})")
+
+
+def keep_going(decision: RoundsDecision, budgets: dict[str, Budget], checks: list[BudgetCheck],
+               optimized: "list[RoundTiming]", baseline_latencies: list[float] | None,
+               baseline_median: float | None) -> bool:
+    """After ``decision.rounds`` rounds: True while another round could settle a speed budget.
+
+    Stops when every speed budget is settled (the SPRT agrees with the budget's rule), at the cap,
+    or when the rounds are too noisy for the SPRT to settle before the cap (Wald's expected rounds
+    beyond it): then the report's minimum rounds are enough for a budget its rule passes, and one
+    its rule fails gets as many rounds again, as a fixed count's confirmation would, before its rule
+    judges it on all of them.
+    """
+    verdicts = {check.name: check.ok for check in checks}
+    # below the limit but not significantly so: a fixed count confirms it with more rounds, and so do these
+    borderline = {check.name for check in checks if check.ok and (check.note or "").startswith(BORDERLINE)}
+    rule, rounds = decision.rule, decision.rounds
+    assert rule.maximum is not None
+    decision.budgets = {}
+    still_open: list[tuple[bool, bool]] = []  # (the rule clearly passes it, too noisy to settle before the cap)
+    for name in SETTLEABLE:
+        budget = budgets.get(name)
+        if budget is None:
+            continue
+        ok = verdicts.get(name)
+        if ok is None:  # not measurable in this run: nothing more rounds could decide
+            decision.budgets[name] = "not measured"
+            continue
+        excess = log_excess(name, budget.limit, optimized, baseline_latencies, baseline_median)
+        answer = sprt(excess)
+        rule_word = "passes" if ok else "fails"
+        if answer is not None and (answer == WITHIN) == ok:
+            decision.budgets[name] = f"{rule_word}, settled (SPRT: {answer} {SLOWDOWN_MARGIN:.0%} of the limit)"
+            continue
+        noisy = rounds_to_settle(excess) > rule.maximum
+        still_open.append((ok and name not in borderline, noisy))
+        why = (f"too noisy for the SPRT to settle within {rule.maximum} rounds" if noisy
+               else "SPRT open" if answer is None else f"SPRT {answer} {SLOWDOWN_MARGIN:.0%} of the limit")
+        decision.budgets[name] = f"{rule_word} by its rule; {why}"
+    decision.settled = not still_open
+    if decision.settled or rounds >= rule.maximum:
+        return False
+    if all(noisy for _, noisy in still_open) and rounds >= rule.report_minimum():
+        passing = all(ok for ok, _ in still_open)
+        return not passing and rounds < 2 * rule.report_minimum()
+    return True
