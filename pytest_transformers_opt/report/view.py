@@ -40,6 +40,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("failed_budgets", "Failed budgets"),
 )
 REGRESSION_COLUMN = ("regression", "Regression")
+HARDWARE_COLUMN = ("hardware", "Hardware")  # after "test", only when the rows ran on more than one hardware
 
 # Environment rows: (key, label); keys not listed here follow under their own name.
 ENVIRONMENT_FIELDS: tuple[tuple[str, str], ...] = (
@@ -65,6 +66,7 @@ ENVIRONMENT_FIELDS: tuple[tuple[str, str], ...] = (
 SETTINGS_FIELDS: tuple[tuple[str, str], ...] = (
     ("budgets_mode", "Budgets mode"),
     ("rounds", "Measured rounds"),
+    ("max_rounds", "Sequential rounds cap"),
     ("warmup", "Warm-up rounds"),
     ("device", "Device option"),
     ("default_model", "Default model"),
@@ -322,6 +324,8 @@ def has_regressions(report: Mapping[str, Any]) -> bool:
 def columns(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The results table's (key, header) pairs for this report."""
     cols = list(COLUMNS)
+    if len(report_hardware(report)) > 1:  # a merged report: the same test id once per hardware
+        cols.insert(1, HARDWARE_COLUMN)
     if has_regressions(report):
         cols.append(REGRESSION_COLUMN)
     return cols
@@ -338,6 +342,7 @@ def table_row(test: Mapping[str, Any]) -> dict[str, str]:
         token_match += " (near-tie)"
     return {
         "test": str(test.get("nodeid") or MISSING),
+        "hardware": one_line(str(test.get("hardware") or MISSING)),
         "techniques": techniques_text(test),
         "outcome": outcome_text(test),
         "ttft": pair("ttft_s", format_seconds),

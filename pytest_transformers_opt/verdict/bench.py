@@ -374,7 +374,9 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         recompiles.append(compiled_graph_count() - graphs_before)
         result = result_so_far()
         result.rounds_decision = decision.to_dict()
-        result.notes.append(decision.note())
+        note = decision.note()
+        if note:
+            result.notes.append(note)
         return result
 
     def result_so_far(intervals: bool = True) -> OptResult:

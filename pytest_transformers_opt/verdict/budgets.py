@@ -84,6 +84,7 @@ SPEED_BUDGETS = ("max_ttft", "max_tpot", "max_latency", "min_throughput", "min_s
 MEMORY_SLACK_BYTES = 2**20
 MEMORY_SLACK_FRACTION = 0.01
 BORDERLINE = "below the limit but within noise"
+MEDIANS_ONLY = "median ratio only"  # a min_speedup judged without a significance test (too few rounds)
 BUDGET_MODES = ("enforce", "warn", "off")
 
 
@@ -209,7 +210,7 @@ def _slowdown_significant(result: "OptResult", limit: float) -> tuple[bool, str 
     baseline = list(result.baseline.latency_samples_s)
     if not baseline or min_p_value(len(optimized), len(baseline)) >= SIGNIFICANCE:
         # too few rounds for any test to reach significance: judge the medians alone, and say so
-        return False, f"too few rounds ({len(optimized)}+{len(baseline)}) for a significance test: median ratio only"
+        return False, f"too few rounds ({len(optimized)}+{len(baseline)}) for a significance test: {MEDIANS_ONLY}"
     p_value = mann_whitney_greater(optimized, baseline)
     if p_value >= SIGNIFICANCE:
         return True, f"{BORDERLINE} (Mann-Whitney p={p_value:.3g})"

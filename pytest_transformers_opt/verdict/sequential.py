@@ -6,8 +6,8 @@ verdict is settled when two independent questions give the same answer:
 
 * Wald's sequential probability ratio test on the rounds' log excess over the limit (for
   ``min_speedup``: log(optimized x limit / baseline) of each interleaved pair) between "within the
-  limit" (mean 0) and "``SLOWDOWN_MARGIN`` beyond it", both errors at ``ERROR_RATE``, the noise
-  estimated from the rounds themselves; and
+  limit" (mean 0) and "``SLOWDOWN_MARGIN`` beyond it" (errors ``FALSE_ALARM_RATE`` and
+  ``MISS_RATE``), the noise estimated from the rounds themselves; and
 * the budget's own rule (``budgets.check_budgets``: the medians, and for ``min_speedup`` the
   one-sided Mann-Whitney test), which stays the verdict.
 
@@ -27,17 +27,19 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import OptConfigError
 from ..units import parse_non_negative_int, shown
-from .budgets import BORDERLINE, Budget, BudgetCheck
+from .budgets import BORDERLINE, MEDIANS_ONLY, Budget, BudgetCheck
 from .stats import MIN_BOOTSTRAP_SAMPLES
 
 if TYPE_CHECKING:
     from ..engine.measure import RoundTiming
 
 MAX_ROUNDS = 1000  # measured rounds per side: more only burns CI time (the medians settle long before)
-SEQUENTIAL_MIN_ROUNDS = 3  # the fewest rounds at which the Mann-Whitney test and a noise estimate mean anything
-SEQUENTIAL_MAX_ROUNDS = 20  # the cap while a verdict stays open (twice today's fixed 5 + 5 confirming rounds)
+SEQUENTIAL_MIN_ROUNDS = 3  # the fewest rounds at which a noise estimate means anything
+MIN_FAIL_ROUNDS = 4  # the fewest at which the Mann-Whitney test can reach p < 0.05: no earlier failure
+SEQUENTIAL_MAX_ROUNDS = 10  # the cap while a verdict stays open: a fixed count's 5 rounds and its 5 confirming ones
 SLOWDOWN_MARGIN = 0.10  # the SPRT's alternative: 10% beyond the limit (20% slowdowns are caught every time)
-ERROR_RATE = 0.01  # the SPRT's false-alarm and miss rates
+FALSE_ALARM_RATE = 0.001  # the SPRT's error when it stops on a failure: a failed gate blocks a merge
+MISS_RATE = 0.01  # its error when it stops on a pass
 NOISE_FLOOR = 0.005  # the smallest per-round noise (log scale) assumed: a few equal rounds prove nothing more
 # The budgets a sequential test can settle: one log excess per round (min_throughput: rounds' tokens/s)
 SETTLEABLE = ("min_speedup", "max_latency", "max_ttft", "max_tpot", "min_throughput")
@@ -56,8 +58,10 @@ class RoundsRule:
         return self.maximum is not None
 
     def report_minimum(self) -> int:
-        """Rounds a test without a speed budget runs: enough for the report's 95% interval."""
-        return max(self.minimum, MIN_BOOTSTRAP_SAMPLES) if self.sequential else self.minimum
+        """Rounds a test without a speed budget runs: enough for the report's 95% interval (within the cap)."""
+        if self.maximum is None:
+            return self.minimum
+        return min(max(self.minimum, MIN_BOOTSTRAP_SAMPLES), self.maximum)
 
     def __repr__(self) -> str:  # as the option is written (the --help default, the report header)
         if self == AUTO_ROUNDS:
@@ -127,31 +131,33 @@ def _robust(excess: list[float]) -> tuple[float, list[float]]:
     return sigma, [min(max(x, middle - 3 * sigma), middle + 3 * sigma) for x in excess]
 
 
-def sprt(excess: list[float], margin: float = SLOWDOWN_MARGIN, error_rate: float = ERROR_RATE) -> str | None:
+def sprt(excess: list[float], margin: float = SLOWDOWN_MARGIN, false_alarm: float = FALSE_ALARM_RATE,
+         miss: float = MISS_RATE) -> str | None:
     """WITHIN or BEYOND once Wald's test between mean 0 and log(1 + margin) decides; None while open.
 
     Normal rounds (the noise estimated from them and clipping, see ``_robust``): the log-likelihood
-    ratio of n rounds is delta / sigma^2 x sum(x - delta / 2).
+    ratio of n rounds is delta / sigma^2 x sum(x - delta / 2), against Wald's bounds
+    log((1 - miss) / false_alarm) and log(miss / (1 - false_alarm)).
     """
     if len(excess) < 2:
         return None
     delta = math.log1p(margin)
     sigma, clipped = _robust(excess)
     llr = delta / sigma**2 * sum(x - delta / 2 for x in clipped)
-    upper = math.log((1 - error_rate) / error_rate)
-    if llr >= upper:
+    if llr >= math.log((1 - miss) / false_alarm) and len(excess) >= MIN_FAIL_ROUNDS:
         return BEYOND
-    if llr <= -upper:
+    if llr <= math.log(miss / (1 - false_alarm)):
         return WITHIN
     return None
 
 
-def rounds_to_settle(excess: list[float], margin: float = SLOWDOWN_MARGIN, error_rate: float = ERROR_RATE) -> float:
-    """Wald's expected rounds for the SPRT to settle at one of its two hypotheses, at this noise."""
+def rounds_to_settle(excess: list[float], margin: float = SLOWDOWN_MARGIN) -> float:
+    """Wald's expected rounds for the SPRT to settle at either hypothesis, at this noise (the larger)."""
     if len(excess) < 2:
         return math.inf
     sigma, _ = _robust(excess)
-    return 2 * sigma**2 * math.log((1 - error_rate) / error_rate) / math.log1p(margin) ** 2
+    bound = max(math.log((1 - MISS_RATE) / FALSE_ALARM_RATE), -math.log(MISS_RATE / (1 - FALSE_ALARM_RATE)))
+    return 2 * sigma**2 * bound / math.log1p(margin) ** 2
 
 
 @dataclass
@@ -162,16 +168,17 @@ class RoundsDecision:
     rounds: int = 0
     settled: bool = True
     budgets: dict[str, str] = field(default_factory=dict)  # speed budget -> how its verdict was reached
+    doubted: bool = False  # too noisy to settle, and the rule failed a budget at the report's minimum or later
 
     def to_dict(self) -> dict[str, Any]:
         return {"rule": "sequential", "min_rounds": self.rule.minimum, "max_rounds": self.rule.maximum,
                 "rounds": self.rounds, "settled": self.settled, "margin": SLOWDOWN_MARGIN,
-                "error_rate": ERROR_RATE, "budgets": dict(self.budgets)}
+                "false_alarm_rate": FALSE_ALARM_RATE, "miss_rate": MISS_RATE, "budgets": dict(self.budgets)}
 
-    def note(self) -> str:
+    def note(self) -> str | None:
+        """The test's note on its rounds; None without a speed budget (the report's minimum ran)."""
         if not self.budgets:
-            return (f"sequential rounds: no speed budget to settle, so the {self.rounds} rounds the report's 95% "
-                    f"interval needs")
+            return None
         how = "; ".join(f"{name}: {word}" for name, word in self.budgets.items())
         if self.settled:
             return f"sequential rounds: every speed budget settled after {self.rounds} rounds ({how})"
@@ -184,42 +191,41 @@ def keep_going(decision: RoundsDecision, budgets: dict[str, Budget], checks: lis
                baseline_median: float | None) -> bool:
     """After ``decision.rounds`` rounds: True while another round could settle a speed budget.
 
-    Stops when every speed budget is settled (the SPRT agrees with the budget's rule), at the cap,
-    or when the rounds are too noisy for the SPRT to settle before the cap (Wald's expected rounds
-    beyond it): then the report's minimum rounds are enough for a budget its rule passes, and one
-    its rule fails gets as many rounds again, as a fixed count's confirmation would, before its rule
-    judges it on all of them.
+    A budget is settled when the SPRT agrees with the budget's rule; a failure only where the rule
+    failed it on a significance test (not on the medians alone, as it must below 4 rounds per side).
+    Rounds stop when every speed budget is settled, at the cap, or when the rounds are too noisy for
+    the SPRT to settle before the cap (Wald's expected rounds beyond it) and the rule has passed every
+    open budget clearly (not within noise) at every look since the report's minimum: otherwise the
+    rounds go on to the cap, as a fixed count's confirming rounds would, and the rule judges there.
     """
-    verdicts = {check.name: check.ok for check in checks}
-    # below the limit but not significantly so: a fixed count confirms it with more rounds, and so do these
-    borderline = {check.name for check in checks if check.ok and (check.note or "").startswith(BORDERLINE)}
     rule, rounds = decision.rule, decision.rounds
     assert rule.maximum is not None
     decision.budgets = {}
     still_open: list[tuple[bool, bool]] = []  # (the rule clearly passes it, too noisy to settle before the cap)
-    for name in SETTLEABLE:
-        budget = budgets.get(name)
-        if budget is None:
+    for check in checks:
+        budget = budgets.get(check.name)
+        if budget is None or check.name not in SETTLEABLE:
             continue
-        ok = verdicts.get(name)
-        if ok is None:  # not measurable in this run: nothing more rounds could decide
-            decision.budgets[name] = "not measured"
+        if check.ok is None:  # not measurable in this run: nothing more rounds could decide
+            decision.budgets[check.name] = "not measured"
             continue
-        excess = log_excess(name, budget.limit, optimized, baseline_latencies, baseline_median)
+        note = check.note or ""
+        excess = log_excess(check.name, budget.limit, optimized, baseline_latencies, baseline_median)
         answer = sprt(excess)
-        rule_word = "passes" if ok else "fails"
-        if answer is not None and (answer == WITHIN) == ok:
-            decision.budgets[name] = f"{rule_word}, settled (SPRT: {answer} {SLOWDOWN_MARGIN:.0%} of the limit)"
+        rule_word = "passes" if check.ok else "fails"
+        if answer == (WITHIN if check.ok else BEYOND) and not note.endswith(MEDIANS_ONLY):
+            decision.budgets[check.name] = f"{rule_word}, settled (SPRT: {answer} {SLOWDOWN_MARGIN:.0%} of the limit)"
             continue
         noisy = rounds_to_settle(excess) > rule.maximum
-        still_open.append((ok and name not in borderline, noisy))
+        still_open.append((check.ok and not note.startswith(BORDERLINE), noisy))
         why = (f"too noisy for the SPRT to settle within {rule.maximum} rounds" if noisy
                else "SPRT open" if answer is None else f"SPRT {answer} {SLOWDOWN_MARGIN:.0%} of the limit")
-        decision.budgets[name] = f"{rule_word} by its rule; {why}"
+        decision.budgets[check.name] = f"{rule_word} by its rule; {why}"
     decision.settled = not still_open
     if decision.settled or rounds >= rule.maximum:
         return False
     if all(noisy for _, noisy in still_open) and rounds >= rule.report_minimum():
-        passing = all(ok for ok, _ in still_open)
-        return not passing and rounds < 2 * rule.report_minimum()
+        if not all(clear for clear, _ in still_open):
+            decision.doubted = True
+        return decision.doubted
     return True

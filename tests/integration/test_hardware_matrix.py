@@ -131,6 +131,12 @@ def test_two_hardware_report_has_one_matrix_per_test_in_markdown(runs: dict[str,
     assert second[2] == ["Speedup", *(format_ratio_verdict(_row(r, "test_sdpa[opt_bench call 2]"), "speedup")
                                       for r in (a100, h200))]
 
+    # the results table names each row's hardware: the same test id is there once per GPU
+    results = markdown.split("### Results", 1)[1].split("\n### ", 1)[0].splitlines()
+    assert next(line for line in results if line.startswith("| Test |")).startswith("| Test | Hardware | Techniques |")
+    sdpa_rows = [line for line in results if line.startswith(f"| `{_row(h200, 'test_sdpa')['nodeid']}` |")]
+    assert sorted(line.split(" | ")[1] for line in sdpa_rows) == [A100, H200]
+
     hopper = _md_matrix(markdown, _row(h200, "test_needs_hopper")["nodeid"])
     assert hopper[2][1] == "-" and hopper[2][2] == format_ratio_verdict(_row(h200, "test_needs_hopper"), "speedup")
     # skipped on the A100 only, with its reason: the pipe and the markup escaped, the cell still one cell
@@ -161,6 +167,7 @@ def test_one_hardware_report_has_no_matrix(runs: dict[str, Any]) -> None:
     single = runs["single"]
     assert {test["hardware"] for test in single["tests"]} == {single["environment"]["hardware"]}
     assert "Hardware matrix" not in render_markdown(single)
+    assert "| Test | Techniques |" in render_markdown(single)  # one hardware: no Hardware column
     assert "hardware-matrix" not in render_html(single)
     # two shards on the same GPU type are one column: no matrix either
     same = _joined(runs["h200"], _on(runs["a100"], H200))

@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from browser import CHROMIUM, NEEDS_CHROMIUM, NETWORK_REFERENCE
 
 from pytest_transformers_opt.report import history
 from pytest_transformers_opt.report.schema import validate_report
@@ -235,24 +236,11 @@ def test_xdist_writes_one_history_file_with_every_row(pytester: pytest.Pytester)
 # --------------------------------------------------------------------------- the trend charts
 
 
-def _find_chromium() -> str | None:
-    if os.path.exists("/usr/bin/chromium"):
-        return "/usr/bin/chromium"
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-CHROMIUM = _find_chromium()
-NETWORK_REFERENCE = re.compile(r"""(?:src|href|action|srcset|poster|data)\s*=\s*["']?\s*(?:https?:)?//|url\(""",
-                               re.I)
 TREND_SVG = re.compile(r'<svg [^>]*class="chart-svg trend-svg"[^>]*data-nodeid="([^"]+)"[^>]*>(.*?)</svg>', re.S)
 
 
 @NEEDS_GIT
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian package chromium) at /usr/bin/chromium")
+@NEEDS_CHROMIUM
 def test_three_recorded_runs_in_a_checkout_draw_a_trend_per_test_in_chromium(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_user=USER_TESTS)
     commit = _make_checkout(pytester.path)

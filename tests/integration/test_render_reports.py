@@ -5,15 +5,14 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import CHROMIUM, NEEDS_CHROMIUM, NETWORK_REFERENCE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -535,7 +534,6 @@ def test_markdown_tolerates_a_sparse_report() -> None:
 
 # --------------------------------------------------------------------------- html
 
-NETWORK_REFERENCE = re.compile(r"""(?:src|href|action|srcset|poster|data)\s*=\s*["']?\s*(?:https?:)?//""", re.I)
 
 
 def test_html_is_self_contained_and_escaped() -> None:
@@ -677,20 +675,9 @@ def test_html_nan_figures_do_not_break_the_charts() -> None:
     assert ">NaN<" in page and ">inf<" in page
 
 
-def _find_chromium() -> str | None:
-    if os.path.exists("/usr/bin/chromium"):
-        return "/usr/bin/chromium"
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
 
 
-CHROMIUM = _find_chromium()
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian package chromium) at /usr/bin/chromium")
+@NEEDS_CHROMIUM
 def test_html_renders_in_headless_chromium_without_network(tmp_path: Path) -> None:
     page = tmp_path / "opt-report.html"
     page.write_text(render_html(sample_report()), encoding="utf-8")
@@ -756,7 +743,7 @@ def test_report_dicts_are_not_modified_by_rendering() -> None:
     assert report == before
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian package chromium) at /usr/bin/chromium")
+@NEEDS_CHROMIUM
 def test_html_results_table_fits_a_laptop_screen_with_long_unbroken_labels(tmp_path: Path) -> None:
     """A vendored kernel's absolute path is one long word: it must wrap, not push Top-1 off the screen."""
     report = report_with_intervals()  # the widest speedup cells: ratio, interval and verdict word
