@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import OptConfigError
-from ..files import write_atomic
+from ..files import JsonProblem, read_limited, write_atomic
 from ..units import clip
 from ..verdict.stats import MIN_BOOTSTRAP_SAMPLES, median_ratio_interval
 from .schema import load_report
@@ -32,6 +32,7 @@ from .schema import load_report
 DEFAULT_TREND_RUNS = 20
 """Recorded runs the HTML report's trend charts show."""
 GIT_TIMEOUT_S = 5.0
+GIT_FILE_BYTES = 4096  # .git/HEAD, a ref, a gitdir pointer: one line each (packed-refs: the JSON limit)
 _STAMP = "%Y%m%dT%H%M%SZ"
 _LABEL_TIME = "%m-%d %H:%M:%S"
 NAME_PATTERN = re.compile(r"(?P<stamp>\d{8}T\d{6}Z)(?:_(?P<seq>[0-9]{1,6}))?"
@@ -110,20 +111,20 @@ def _head_from_files(cwd: Path) -> str | None:
     for folder in (cwd, *cwd.parents):
         git_dir = folder / ".git"
         if git_dir.is_file():  # a worktree or submodule: "gitdir: PATH"
-            text = git_dir.read_text(encoding="utf-8", errors="replace").strip()
+            text = read_limited(git_dir, GIT_FILE_BYTES).strip()
             git_dir = (folder / text.removeprefix("gitdir:").strip()).resolve()
         if not (git_dir / "HEAD").is_file():
             continue
-        head = (git_dir / "HEAD").read_text(encoding="utf-8", errors="replace").strip()
+        head = read_limited(git_dir / "HEAD", GIT_FILE_BYTES).strip()
         if not head.startswith("ref:"):
             return head if re.fullmatch(r"[0-9a-f]{40,64}", head) else None
         ref = head.removeprefix("ref:").strip()
         if (git_dir / ref).is_file():
-            commit = (git_dir / ref).read_text(encoding="utf-8", errors="replace").strip()
+            commit = read_limited(git_dir / ref, GIT_FILE_BYTES).strip()
             return commit if re.fullmatch(r"[0-9a-f]{40,64}", commit) else None
         packed = git_dir / "packed-refs"
         if packed.is_file():
-            for line in packed.read_text(encoding="utf-8", errors="replace").splitlines():
+            for line in read_limited(packed).splitlines():
                 parts = line.split()
                 if len(parts) == 2 and parts[1] == ref and re.fullmatch(r"[0-9a-f]{40,64}", parts[0]):
                     return parts[0]
@@ -143,7 +144,7 @@ def git_commit(cwd: str | os.PathLike[str]) -> tuple[str | None, bool]:
     except FileNotFoundError:  # no git on this machine: the commit from the files, changes unknown
         try:
             commit = _head_from_files(Path(cwd).resolve())
-        except OSError:
+        except (OSError, JsonProblem):  # unreadable, too large or not text: no commit part
             return None, False
         return (commit[:7] if commit else None), False
     except OSError:

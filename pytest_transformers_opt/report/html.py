@@ -636,6 +636,20 @@ def _results_table(report: Mapping[str, Any]) -> str:
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
+def _matrix_section(report: Mapping[str, Any]) -> list[str]:
+    """The "Hardware matrix" section: the cells of ``view.hardware_matrices`` (the Markdown report lays out
+    the same ones); none when the report's tests ran on one kind of hardware."""
+    matrices = view.hardware_matrices(report)
+    if not matrices:
+        return []
+    out = ['<section id="hardware-matrix"><h2>Hardware matrix</h2>', f"<p>{_e(view.MATRIX_INTRO)}</p>"]
+    for matrix in matrices:
+        out.append(f'<h3 class="matrix-test"><code>{_e(matrix.test)}</code></h3>')
+        out.append(_html_table(matrix.headers, matrix.cells, cls="hardware-matrix"))
+    out.append("</section>")
+    return out
+
+
 def render_html(report: dict[str, Any], *, history: History | None = None) -> str:
     """The report as one self-contained HTML page with inline CSS and inline SVG charts; with ``history``
     (``--opt-history``), a trend chart per test over the recorded runs."""
@@ -682,8 +696,7 @@ def render_html(report: dict[str, Any], *, history: History | None = None) -> st
         out.append("<p>No test used <code>opt_bench</code> in this run.</p>")
     out.append("</section>")
 
-    from .matrix import matrix_html  # the hardware matrix (report/matrix.py); nothing on one kind of hardware
-    out += matrix_html(report, _html_table, _e)
+    out += _matrix_section(report)
 
     estimates = view.estimate_rows(report)
     if estimates:

@@ -485,19 +485,22 @@ class ReportWriter:
 
             self._write(labels["report_html"], html)
 
+    def _history_label(self) -> str:
+        return f"{self.settings.sources.get('history', '--opt-history')}={self.settings.history}"
 
     def _record_history(self, report: dict[str, Any]) -> Path | None:
         """--opt-history: this run's report appended to the folder; one that cannot be written is one line
-        (the history is a record kept beside the run: it leaves the exit status alone)."""
+        and, like a report file that cannot be written, fails a run whose tests passed (a history that
+        silently stops recording would leave the trend charts stale with nobody told)."""
         if not self.settings.history:
             return None
         from .history import record_run
 
-        label = f"{self.settings.sources.get('history', '--opt-history')}={self.settings.history}"
         try:
             recorded = record_run(self.settings.history, report, self.settings.history_keep, self.config.rootpath)
         except Exception as exc:
-            self._problem(f"could not record the run in {label}: {describe_error(exc)}")
+            self._problem(f"could not record the run in {self._history_label()}: {describe_error(exc)}",
+                          fails_run=True)
             return None
         pruned = f", {recorded.pruned} older pruned" if recorded.pruned else ""
         self.end.history_line = (f"{PREFIX}run recorded in {recorded.path}; the history holds {recorded.held} "
@@ -511,7 +514,7 @@ class ReportWriter:
             return None
         from .history import trend_history
 
-        label = f"{self.settings.sources.get('history', '--opt-history')}={self.settings.history}"
+        label = self._history_label()
         try:
             history = trend_history(self.settings.history, report, recorded)
         except Exception as exc:
