@@ -409,7 +409,7 @@ def _compare_session(root: Path, report: Path, slowdown: float, extra_args: list
 def run_compare(runs: int, slowdown: float, compare_fail: str, extra_args: list[str]) -> dict:
     """One reference session, then null and slowed sessions in alternation (so drift on the shared
     machine falls on both), each compared with the reference."""
-    from pytest_transformers_opt.report.compare import parse_compare_fail
+    from pytest_transformers_opt.report.compare import METRICS, parse_compare_fail
 
     (threshold,) = parse_compare_fail(compare_fail)
     rows: list[dict] = []
@@ -434,17 +434,27 @@ def run_compare(runs: int, slowdown: float, compare_fail: str, extra_args: list[
                 rows.append({"scenario": scenario, "status": status, "rule": judged.get("rule"), "drift": drift,
                              "ratio": ratio, "p_value": judged.get("p_value"),
                              # the median-only rule: the ratio of medians past the limit is a regression
-                             "median_rule_regressed": ratio is not None and ratio > 1 + threshold.limit / 100,
+                             "median_rule_regressed": ratio is not None and (
+                                 ratio < 1 - threshold.limit / 100 if METRICS[threshold.metric].higher_is_better
+                                 else ratio > 1 + threshold.limit / 100),
                              "rounds": judged.get("rounds")})
     return {"rows": rows, "seconds": time.perf_counter() - started, "settings": ref["settings"],
             "reference_samples": ref["tests"][0]["optimized"]["latency_samples_s"]}
+
+
+def _rounds_rule(settings: dict) -> str:
+    """The session's --opt-rounds as the report's settings keep it."""
+    if settings.get("max_rounds"):
+        return f"{settings['rounds']}..{settings['max_rounds']} (sequential)"
+    return str(settings["rounds"])
 
 
 def compare_table(result: dict, compare_fail: str, slowdown: float) -> str:
     import statistics
 
     settings = result["settings"]
-    lines = [f"rounds={settings['rounds']} warmup={settings['warmup']}, --opt-compare-fail={compare_fail}, "
+    rule = _rounds_rule(settings)
+    lines = [f"rounds={rule} warmup={settings['warmup']}, --opt-compare-fail={compare_fail}, "
              f"{len(result['rows'])} sessions after the reference ({result['seconds']:.0f} s); reference rounds (ms): "
              + ", ".join(f"{1000 * v:.2f}" for v in result["reference_samples"]), "",
              "| scenario | runs | exit 1 (regressed) | other exit | median-only rule: regressed | "
@@ -510,8 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = run_study(args.null, args.slow, args.broken, args.pytest_args)
     settings = result["settings"]
-    rule = f"{settings['rounds']}..{settings['max_rounds']} (sequential)" if settings.get("max_rounds") \
-        else settings["rounds"]
+    rule = _rounds_rule(settings)
     lines = [f"rounds={rule} warmup={settings['warmup']} ({result['seconds']:.0f} s)", "",
              "| scenario | failed / runs | meaning | timed rounds per side (mean) |", "| --- | --- | --- | --- |"]
     order = ["null"] + [f"slowdown {p}%" for p in (5, 10, 20, 50)] + ["nan_logits", "changed_token", "compile_fallback"]

@@ -41,6 +41,10 @@ class _Metric:
     fmt: Callable[[float], str]
     timed: bool = False  # a median over timed rounds: its threshold says which rule judged it
     samples: str | None = None  # the per-round samples beside the figure (same side), when the report keeps them
+    # or: the figure is a ratio of two sides' medians, and each round's samples give one ratio (round i of
+    # each side taken in turn); a machine that is slower for a whole session slows both alike, so these
+    # samples do not move with it
+    ratio_of: tuple[str, str] | None = None
 
 
 def _fmt_throughput(value: float) -> str:
@@ -61,7 +65,7 @@ METRICS: dict[str, _Metric] = {
     "tpot": _Metric(("optimized", "tpot_s"), False, format_duration, timed=True),
     "peak_memory": _Metric(("optimized", "peak_memory_bytes"), False, format_bytes),
     "throughput": _Metric(("optimized", "throughput_tok_s"), True, _fmt_throughput, timed=True),
-    "speedup": _Metric(("speedup",), True, format_ratio),
+    "speedup": _Metric(("speedup",), True, format_ratio, timed=True, ratio_of=("baseline", "optimized")),
     "kl_mean": _Metric(("similarity", "kl_mean"), False, _fmt_kl),
     "kl_max": _Metric(("similarity", "kl_max"), False, _fmt_kl),
     "top1": _Metric(("similarity", "top1"), True, _fmt_fraction),
@@ -275,7 +279,34 @@ def _samples(entry: dict[str, Any], metric: str) -> list[float] | None:
     side: Any = entry
     for step in METRICS[metric].path[:-1]:
         side = side.get(step) if isinstance(side, dict) else None
-    values = side.get(key) if key is not None and isinstance(side, dict) else None
+    return _finite(side.get(key) if key is not None and isinstance(side, dict) else None)
+
+
+def _latency_samples(entry: dict[str, Any], side: str) -> list[float] | None:
+    """One side's latency rounds, when they are finite and give that side's median latency (an edited report's
+    do not: trust neither)."""
+    part = entry.get(side)
+    if not isinstance(part, dict):
+        return None
+    samples, median = _finite(part.get("latency_samples_s")), part.get("latency_s")
+    if samples is None or isinstance(median, bool) or not isinstance(median, (int, float)):
+        return None
+    return samples if math.isclose(statistics.median(samples), median, rel_tol=1e-6, abs_tol=1e-12) else None
+
+
+def _ratio_samples(entry: dict[str, Any], metric: str) -> tuple[list[float] | None, str | None]:
+    """(per-round ratios numerator_i / denominator_i, why there are none) of a ratio metric."""
+    numerator, denominator = METRICS[metric].ratio_of or ("", "")
+    top, bottom = _latency_samples(entry, numerator), _latency_samples(entry, denominator)
+    if top is None or bottom is None:
+        return None, "keeps no per-round latency samples that give both sides' medians"
+    if len(top) != len(bottom) or not all(bottom):
+        return None, "has unequal or zero rounds on the two sides"
+    return [t / b for t, b in zip(top, bottom)], None
+
+
+def _finite(values: Any) -> list[float] | None:
+    """``values`` as floats: None unless a non-empty list of finite numbers."""
     if not isinstance(values, list) or not values:
         return None
     samples = []
@@ -313,12 +344,18 @@ def _moved(samples: list[float], threshold: Threshold, direction: int) -> list[f
 def _rule(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, Any], old: float, new: float) -> _Rule:
     """The sample rule where both reports keep rounds that can reach significance; else the median rule and why."""
     metric = threshold.metric
-    if METRICS[metric].samples is None:
+    if METRICS[metric].samples is None and METRICS[metric].ratio_of is None:
         return _Rule(MEDIAN_RULE, f"the reports keep no per-round {metric} samples")
     if threshold.relative and old == 0:
         return _Rule(MEDIAN_RULE, "the old median is 0")
     rounds: dict[str, list[float]] = {}
     for side, entry, figure in (("old", old_entry, old), ("new", new_entry, new)):
+        if METRICS[metric].ratio_of is not None:
+            ratios, why = _ratio_samples(entry, metric)
+            if ratios is None:
+                return _Rule(MEDIAN_RULE, f"the {side} report {why}")
+            rounds[side] = ratios
+            continue
         samples = _samples(entry, metric)
         if samples is None:
             return _Rule(MEDIAN_RULE, f"the {side} report keeps no per-round {metric} samples")

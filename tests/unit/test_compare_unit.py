@@ -552,3 +552,51 @@ def test_load_compare_report(tmp_path: Any) -> None:
     path.write_text(json.dumps({**report, "schema_version": 2}))
     with pytest.raises(OptConfigError, match=r"^--opt-compare: .*schema_version 2 is not supported"):
         load_compare_report(str(path))
+
+
+# --- speedup judged on each run's interleaved pairs: drift of the whole machine cancels ------------------
+
+
+def paired(base_ms: list[float], opt_ms: list[float], nodeid: str = T) -> dict[str, Any]:
+    """A test entry with interleaved rounds on both sides (ms); its speedup is the ratio of the medians."""
+    base, opt = [v / 1000 for v in base_ms], [v / 1000 for v in opt_ms]
+    entry = make_test(nodeid, latency_s=statistics.median(opt), latency_samples_s=opt,
+                      speedup=statistics.median(base) / statistics.median(opt))
+    entry["baseline"] = _metrics({"latency_s": statistics.median(base), "latency_samples_s": base})
+    return entry
+
+
+BASE_MS = [18.0, 18.4, 17.8, 18.9, 18.2, 18.6, 18.1]
+OPT_MS = [12.0, 12.3, 11.9, 12.5, 12.1, 12.4, 12.2]
+
+
+def test_a_session_slower_as_a_whole_is_a_latency_regression_but_not_a_speedup_one() -> None:
+    old = paired(BASE_MS, OPT_MS)
+    drifted = paired([b * 1.3 for b in BASE_MS], [o * 1.3 for o in OPT_MS])  # the machine, both sides alike
+    assert one(old, drifted, "latency:10%")["verdict"] == "regressed"
+    result = one(old, drifted, "speedup:10%")
+    (judged,) = result["judged"]
+    assert result["verdict"] == "ok" and judged["rule"] == "mann-whitney" and judged["rounds"] == [7, 7]
+    assert math.isclose(judged["ratio"], 1.0)
+
+
+def test_an_optimized_side_25_percent_slower_is_a_speedup_regression_on_its_pairs() -> None:
+    old = paired(BASE_MS, OPT_MS)
+    slower = paired([b * 1.3 for b in BASE_MS], [o * 1.3 * 1.25 for o in OPT_MS])  # drift, and a real slowdown
+    result = one(old, slower, "speedup:10%")
+    (judged,) = result["judged"]
+    assert result["verdict"] == "regressed" and judged["rule"] == "mann-whitney"
+    assert judged["p_value"] < SIGNIFICANCE and math.isclose(judged["ratio"], 0.8)
+    assert "Mann-Whitney p=" in result["details"][0] and result["details"][0].endswith("regressed")
+
+
+def test_speedup_falls_back_to_the_median_rule_without_paired_rounds() -> None:
+    old = paired(BASE_MS, OPT_MS)
+    unequal = paired(BASE_MS[:6], OPT_MS)  # a side with a round missing: no pairs
+    result = one(old, unequal, "speedup:10%")
+    assert result["judged"][0]["rule"] == "median"
+    assert result["judged"][0]["note"] == "the new report has unequal or zero rounds on the two sides"
+    edited = paired(BASE_MS, OPT_MS)
+    edited["baseline"]["latency_s"] = 0.5  # samples that do not give the side's median: trust neither
+    assert one(old, edited, "speedup:10%")["judged"][0]["note"] == (
+        "the new report keeps no per-round latency samples that give both sides' medians")
