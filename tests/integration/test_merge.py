@@ -10,7 +10,9 @@ runs them and keeps their reports in a module-wide folder.
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
+import os
 import shutil
 import statistics
 from pathlib import Path
@@ -64,15 +66,27 @@ COMPARED = ("nodeid", "outcome", "techniques", "baseline_techniques", "model", "
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("merge-runs")
+    """Where the shard reports are kept: under pytest-xdist one folder for the session's workers (the
+    session's base temp folder is theirs alone), so they are made once, not once per worker."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return tmp_path_factory.mktemp("merge-runs")
+    shared = tmp_path_factory.getbasetemp().parent / "merge-runs"
+    shared.mkdir(exist_ok=True)
+    return shared
 
 
 @pytest.fixture
 def runs(pytester: pytest.Pytester, store: Path) -> dict[str, Path]:
     """full.json (every test in one session) and shard1..3.json, made by the first test that asks."""
     paths = {name: store / f"{name}.json" for name in ("full", "shard1", "shard2", "shard3")}
-    if all(path.exists() for path in paths.values()):
-        return paths
+    with open(store / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other xdist worker waits for them, then reads them
+        if not all(path.exists() for path in paths.values()):
+            _make_runs(pytester, paths)
+    return paths
+
+
+def _make_runs(pytester: pytest.Pytester, paths: dict[str, Path]) -> None:
     pytester.makepyfile(test_user=USER_TESTS)
     sessions = {"full": (pytester.runpytest, ()), "shard1": (pytester.runpytest, SHARD_1),
                 "shard2": (pytester.runpytest_subprocess, ("-n", "2", *SHARD_2)),
@@ -83,7 +97,6 @@ def runs(pytester: pytest.Pytester, store: Path) -> dict[str, Path]:
         assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
         assert written.exists(), result.stdout.str()
         shutil.copy(written, paths[name])
-    return paths
 
 
 def merge(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
