@@ -443,10 +443,10 @@ def run_compare(runs: int, slowdown: float, compare_fail: str, extra_args: list[
 
 
 def _rounds_rule(settings: dict) -> str:
-    """The session's --opt-rounds as the report's settings keep it."""
-    if settings.get("max_rounds"):
-        return f"{settings['rounds']}..{settings['max_rounds']} (sequential)"
-    return str(settings["rounds"])
+    """The session's --opt-rounds as it is written (``auto``, ``3..10``, ``5``), from the report's settings."""
+    from pytest_transformers_opt.verdict.sequential import RoundsRule
+
+    return repr(RoundsRule(settings["rounds"], settings.get("max_rounds")))
 
 
 def compare_table(result: dict, compare_fail: str, slowdown: float) -> str:

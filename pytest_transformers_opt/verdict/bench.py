@@ -30,7 +30,7 @@ from ..engine.model import OptModel
 from ..engine.measure import PeakReading, Timings, track_peak_memory
 from ..engine.progress import Work, long_work
 from .results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload
-from .sequential import SETTLEABLE, RoundsDecision, keep_going, parse_rounds
+from .sequential import RoundsDecision, keep_going, parse_rounds
 from .similarity import compare_runs, diverged, forced_run_note
 from ..units import parse_non_negative_int, shown
 
@@ -355,7 +355,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         rule = workload.rounds_rule
         assert rule.maximum is not None
         decision = RoundsDecision(rule)
-        speed = {name: b for name, b in plan.budgets.items() if name in SETTLEABLE} \
+        speed = {name: b for name, b in plan.budgets.items() if name in SPEED_BUDGETS} \
             if session.settings.budgets != "off" else {}
         minimum = rule.minimum if speed else rule.report_minimum()
         graphs_before = compiled_graph_count()

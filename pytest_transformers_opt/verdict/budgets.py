@@ -78,7 +78,8 @@ BUDGETS: dict[str, BudgetDef] = {
     )
 }
 SIMILARITY_BUDGETS = ("min_token_match", "max_kl", "min_top1")
-# Timing budgets are noisy: a failure of one of these is confirmed by more interleaved rounds.
+# Timing budgets are noisy: a failure of one is confirmed by more interleaved rounds (a fixed count), and
+# sequential rounds go on until each is settled (sequential.py).
 SPEED_BUDGETS = ("max_ttft", "max_tpot", "max_latency", "min_throughput", "min_speedup")
 # Peak memory readings move by allocator granularity between identical runs.
 MEMORY_SLACK_BYTES = 2**20

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import OptConfigError
 from ..units import parse_non_negative_int, shown
-from .budgets import BORDERLINE, MEDIANS_ONLY, Budget, BudgetCheck
+from .budgets import BORDERLINE, MEDIANS_ONLY, SPEED_BUDGETS, Budget, BudgetCheck
 from .stats import MIN_BOOTSTRAP_SAMPLES
 
 if TYPE_CHECKING:
@@ -41,8 +41,6 @@ SLOWDOWN_MARGIN = 0.10  # the SPRT's alternative: 10% beyond the limit (20% slow
 FALSE_ALARM_RATE = 0.001  # the SPRT's error when it stops on a failure: a failed gate blocks a merge
 MISS_RATE = 0.01  # its error when it stops on a pass
 NOISE_FLOOR = 0.005  # the smallest per-round noise (log scale) assumed: a few equal rounds prove nothing more
-# The budgets a sequential test can settle: one log excess per round (min_throughput: rounds' tokens/s)
-SETTLEABLE = ("min_speedup", "max_latency", "max_ttft", "max_tpot", "min_throughput")
 WITHIN, BEYOND = "within", "beyond"
 
 
@@ -204,7 +202,7 @@ def keep_going(decision: RoundsDecision, budgets: dict[str, Budget], checks: lis
     still_open: list[tuple[bool, bool]] = []  # (the rule clearly passes it, too noisy to settle before the cap)
     for check in checks:
         budget = budgets.get(check.name)
-        if budget is None or check.name not in SETTLEABLE:
+        if budget is None or check.name not in SPEED_BUDGETS:
             continue
         if check.ok is None:  # not measurable in this run: nothing more rounds could decide
             decision.budgets[check.name] = "not measured"
