@@ -11,11 +11,10 @@ file) and the accepted forms.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
 from .advisor import advise, advise_from_report, load_model_shape, load_report, render_json, render_text, write_test
 from .advisor.change import ATTENTION_BACKENDS
@@ -25,6 +24,9 @@ from .advisor.workload import (ASSUMED_INPUT_TOKENS, ASSUMED_MAX_NEW_TOKENS, PRO
 from .errors import OptConfigError
 from .files import write_atomic
 from .units import SIZE_FORMS, parse_non_negative_int, parse_size
+
+if TYPE_CHECKING:
+    from .report.compare import Threshold
 
 PROG = "pytest-opt"
 
@@ -55,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model = advise.add_argument_group("model")
     model.add_argument("--model", metavar="PATH",
-                       help="model folder or config.json path (also a hub id already in the local cache, or the "
-                            "built-in tiny-random-llama); required unless --from-report names it")
+                       help="model folder or config.json path (also a hub id already in the local cache, or a "
+                            "built-in model: tiny-random-llama, smollm2-135m, ...); required unless --from-report "
+                            "names it")
     model.add_argument("--revision", metavar="REV", help="the model revision you deploy (commit, tag or branch)")
     model.add_argument("--dtype", metavar="DTYPE",
                        help=f"dtype the model is loaded in: {DTYPE_FORMS}. Default: the config's dtype, else "
@@ -103,7 +106,8 @@ def _add_merge(commands: Any) -> None:
             "environment and settings are kept under \"shards\".", 79),
         epilog=textwrap.fill(
             "Exit status: 0 merged (and, with --compare-fail, nothing regressed); 1 a test regressed past "
-            "--compare-fail; 2 bad input (one line naming the file or option).", 79),
+            "--compare-fail, or it judged no test (every row new or not comparable); 2 bad input (one line naming "
+            "the file or option), or an output that could not be written (the others are).", 79),
     )
     merge.add_argument("reports", nargs="+", metavar="REPORT.json", help="the shards' JSON reports")
     merge.add_argument("-o", "--output", required=True, metavar="MERGED.json", help="where to write the merged report")
@@ -136,7 +140,8 @@ def workload_from_args(args: argparse.Namespace) -> ServingScenario:
     if args.compute_capability is not None:
         parse_compute_capability(args.compute_capability)
     if args.model is None and args.from_report is None:
-        raise OptConfigError("--model: required (a model folder, a config.json path, or tiny-random-llama), "
+        raise OptConfigError("--model: required (a model folder, a config.json path, or a built-in model such as "
+                             "tiny-random-llama or smollm2-135m), "
                              "unless --from-report PATH is given")
     return ServingScenario(
         model=args.model,
@@ -192,10 +197,52 @@ def _write(path: str, option: str, text: str) -> None:
         raise OptConfigError(f"{option}: cannot write {path!r}: {exc.strerror or exc}") from None
 
 
+def _distinct_paths(args: argparse.Namespace) -> None:
+    """No two outputs name the same file, and no rendering replaces a report this command reads."""
+    written: dict[Path, str] = {}
+    for path, option in ((args.output, "-o"), (args.md, "--md"), (args.html, "--html")):
+        if path is None:
+            continue
+        same = Path(path).expanduser().resolve()
+        if same in written:
+            raise OptConfigError(f"{written[same]} and {option} name the same file {path!r}; each output needs its "
+                                 f"own path")
+        written[same] = option
+    read = [(path, "an input report") for path in args.reports]
+    if args.compare is not None:
+        read.append((args.compare, "the --compare report"))
+    for path, what in read:
+        renders = written.get(Path(path).expanduser().resolve())
+        if renders in ("--md", "--html"):
+            raise OptConfigError(f"{renders}: {path!r} is {what}; rendering there would replace it: give another path")
+
+
+def _merge_verdicts(args: argparse.Namespace, merged: dict[str, Any], old: dict[str, Any] | None,
+                    thresholds: list["Threshold"]) -> tuple[list[str], str | None]:
+    """--compare: the verdicts written into ``merged``, the terminal lines, and why the gate fails (None: it
+    passes, or there is no gate)."""
+    from .report.compare import attach_verdicts, compare_reports, nothing_judged, summarise
+
+    if old is None:
+        return [], None
+    verdicts = compare_reports(old, merged, thresholds)
+    attach_verdicts(merged, verdicts)
+    lines = summarise(verdicts, args.compare, old)
+    if not thresholds:
+        return lines, None
+    gate = f"--compare-fail={args.compare_fail} against --compare={args.compare}"
+    regressed = sum(v.get("verdict") == "regressed" for v in verdicts.values())
+    if regressed:
+        return lines, f"{regressed} test{'s' if regressed != 1 else ''} regressed past {gate}"
+    unjudged = nothing_judged(verdicts)  # a gate that judged nothing does not pass
+    return lines, None if unjudged is None else f"{gate}: {unjudged}"
+
+
 def run_merge(args: argparse.Namespace) -> int:
     # Lazy: the report stage is not needed by advise.
-    from .report.compare import attach_verdicts, compare_reports, load_compare_report, parse_compare_fail, summarise
+    from .report.compare import load_compare_report, parse_compare_fail
     from .report.merge import load_shards, merge_reports
+    from .report.schema import report_text
 
     if args.compare_fail is not None and args.compare is None:
         raise OptConfigError("--compare-fail: needs --compare OLD.json (the earlier report)")
@@ -203,35 +250,44 @@ def run_merge(args: argparse.Namespace) -> int:
     for path, option in ((args.output, "-o"), (args.md, "--md"), (args.html, "--html")):
         if path is not None:
             _writable(path, option)
+    _distinct_paths(args)
     old = load_compare_report(args.compare, "--compare") if args.compare is not None else None
     count = len(args.reports)
     print(f"merging {count} report{'s' if count != 1 else ''} into {args.output} ...", flush=True)
-    merged = merge_reports(load_shards(args.reports))
-    lines: list[str] = []
-    regressed = 0
-    if old is not None:
-        verdicts = compare_reports(old, merged, thresholds)
-        attach_verdicts(merged, verdicts)
-        lines = summarise(verdicts, args.compare)
-        regressed = sum(v.get("verdict") == "regressed" for v in verdicts.values())
-    _write(args.output, "-o", json.dumps(merged, indent=2, allow_nan=False) + "\n")
+    notes: list[str] = []  # what the reader ignored in reports written by another version of the plugin
+    merged = merge_reports(load_shards(args.reports, notes))
+    for note in notes:
+        print(f"note: {note}")
+    lines, gate_failure = _merge_verdicts(args, merged, old, thresholds)
+    # Each output on its own: one that cannot be written costs only itself (as pytest's session end does).
+    outputs: list[tuple[str, str, Callable[[], str]]] = [("-o", args.output, lambda: report_text(merged))]
     if args.md is not None:
         from .report.markdown import render_markdown
 
-        _write(args.md, "--md", render_markdown(merged))
+        outputs.append(("--md", args.md, lambda: render_markdown(merged)))
     if args.html is not None:
         from .report.html import render_html
 
-        _write(args.html, "--html", render_html(merged))
+        outputs.append(("--html", args.html, lambda: render_html(merged)))
+    problems: dict[str, str] = {}  # option -> why its file was not written
+    for option, path, render in outputs:
+        try:
+            _write(path, option, render())
+        except OptConfigError as exc:
+            problems[option] = " ".join(str(exc).split())
+        except ValueError as exc:  # a report its readers would refuse (report_text): refused before writing
+            problems[option] = f"{option}: cannot write {path!r}: {exc}"
     for line in lines:
         print(line)
-    shards = len(merged["shards"])
-    print(f"wrote {args.output} ({len(merged['tests'])} tests from {shards} shard{'s' if shards != 1 else ''})")
-    if regressed and thresholds:
-        sys.stderr.write(f"{PROG} merge: {regressed} test{'s' if regressed != 1 else ''} regressed past "
-                         f"--compare-fail={args.compare_fail} against --compare={args.compare}: exit status 1\n")
+    if "-o" not in problems:
+        shards = len(merged["shards"])
+        print(f"wrote {args.output} ({len(merged['tests'])} tests from {shards} shard{'s' if shards != 1 else ''})")
+    for problem in problems.values():
+        sys.stderr.write(f"{PROG} merge: error: {problem}\n")
+    if gate_failure is not None:
+        sys.stderr.write(f"{PROG} merge: {gate_failure}: exit status 1\n")
         return 1
-    return 0
+    return 2 if problems else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

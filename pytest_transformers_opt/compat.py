@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import importlib.util
+import os
 from typing import Any, Callable, Iterator
 
 
@@ -43,6 +44,90 @@ def model_class_supports(config: Any, flag: str) -> bool | None:
     """The model class's ``_supports_*`` flag (e.g. ``"_supports_sdpa"``) for ``config``; None when the class is unknown."""
     cls = causal_lm_class(config)
     return None if cls is None else bool(getattr(cls, flag, False))
+
+
+# from_pretrained keyword arguments that load the model rather than configure it (some share a config attribute's name)
+_LOADER_KWARGS = frozenset({"dtype", "torch_dtype", "revision", "trust_remote_code", "use_safetensors", "gguf_file",
+                            "subfolder", "device_map", "attn_implementation", "quantization_config", "use_kernels",
+                            "tp_plan", "tp_size", "low_cpu_mem_usage", "cache_dir", "local_files_only", "token"})
+
+
+def config_as_loaded(config: Any, from_pretrained_kwargs: dict[str, Any]) -> Any:
+    """``config`` as ``from_pretrained(**from_pretrained_kwargs)`` will build the model: a keyword that names
+    one of its attributes (``num_hidden_layers=1``, ``layer_types=[...]``, ``sliding_window=16``) overrides
+    it, as transformers does. A copy; ``config`` itself is left as read."""
+    overrides = {key: value for key, value in from_pretrained_kwargs.items()
+                 if key not in _LOADER_KWARGS and hasattr(config, key)}
+    if config is None or not overrides:
+        return config
+    import copy
+
+    changed = copy.deepcopy(config)
+    for key, value in overrides.items():
+        setattr(changed, key, value)
+    return changed
+
+
+def _decoder_config(config: Any) -> Any:
+    """The decoder's part of a (possibly multimodal) config, as transformers' caches read it."""
+    try:
+        return config.get_text_config(decoder=True)
+    except Exception:  # not a transformers config (a stand-in in a probe): read it as it is
+        return config
+
+
+def attention_layer_types(config: Any) -> list[str] | None:
+    """The kind of each decoder layer as transformers' caches see it (``full_attention``,
+    ``sliding_attention``, ``chunked_attention``, ``linear_attention``...): ``config.layer_types``, or what
+    transformers infers without one (every layer ``sliding_attention`` when the config sets a
+    ``sliding_window``). None when there is no config to read."""
+    if config is None:
+        return None
+    text_config = _decoder_config(config)
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        return list(get_layer_types_and_kwargs(text_config)[0])
+    except Exception:  # an older transformers, or the function moved: the same inference, done here
+        declared = getattr(text_config, "layer_types", None)
+        if declared is not None:
+            return [str(kind) for kind in declared]
+        layers = int(getattr(text_config, "num_hidden_layers", 0) or 0)
+        if getattr(text_config, "sliding_window", None) is not None:
+            return ["sliding_attention"] * layers
+        if getattr(text_config, "attention_chunk_size", None) is not None:
+            return ["chunked_attention"] * layers
+        return ["full_attention"] * layers
+
+
+def layer_kinds_outside(config: Any, supported: set[str]) -> str | None:
+    """The config's layer kinds that ``supported`` leaves out, for a reason's ``found:`` part (e.g.
+    ``1 of 2 layers sliding_attention (config.layer_types)``); None when every layer is supported or the
+    config is unknown."""
+    kinds = attention_layer_types(config)
+    if not kinds:
+        return None
+    outside = sorted({kind for kind in kinds if kind not in supported})
+    if not outside:
+        return None
+    counts = ", ".join(f"{sum(kind == other for kind in kinds)} of {len(kinds)} layers {other}" for other in outside)
+    text_config = _decoder_config(config)
+    if getattr(text_config, "layer_types", None) is not None:
+        return f"{counts} (config.layer_types)"
+    setting = next((name for name in ("sliding_window", "attention_chunk_size")
+                    if getattr(text_config, name, None) is not None), None)
+    return f"{counts} (no layer_types; inferred from config.{setting})" if setting else counts
+
+
+def continuous_batching_layer_kinds() -> set[str]:
+    """The layer kinds ``generate_batch()``'s paged cache has an allocator for (it raises "Invalid layer
+    type" on any other)."""
+    try:
+        from transformers.generation.continuous_batching.cache import ATTN_TYPE_TO_ALLOCATOR
+
+        return {str(kind) for kind in ATTN_TYPE_TO_ALLOCATOR}
+    except Exception:  # moved or renamed: the two kinds every release so far has had
+        return {"full_attention", "sliding_attention"}
 
 
 def attention_implementation(config: Any) -> str | None:
@@ -154,6 +239,22 @@ def enable_compile_caches() -> None:
         functorch_config.enable_autograd_cache = True
     except Exception:
         pass
+
+
+def set_precompiled_header_dir(folder: str) -> str | None:
+    """Put inductor's precompiled C++ headers in ``folder`` (``torch._inductor.codecache._HEADER_DIR``, fixed
+    when torch is imported to ``/tmp/torchinductor_<user>/precompiled_headers``, whatever
+    ``TORCHINDUCTOR_CACHE_DIR`` says); returns the folder it was, or None when this torch has no such setting."""
+    try:
+        from torch._inductor import codecache
+    except Exception:
+        return None
+    previous = getattr(codecache, "_HEADER_DIR", None)
+    if not isinstance(previous, str):
+        return None
+    codecache._HEADER_DIR = folder
+    codecache._HEADER_LOCK_DIR = os.path.join(folder, "locks")
+    return previous
 
 
 def compile_cache_counts() -> tuple[int, int]:

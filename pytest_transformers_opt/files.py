@@ -9,7 +9,7 @@ less the umask, or the mode of the file it replaces), not ``mkstemp``'s ``0600``
 ``OptConfigError`` naming the file, never a hang or a raw ``RecursionError`` / ``ValueError``:
 
 - regular files only (a FIFO is refused without blocking: opened with ``O_NONBLOCK``, checked with
-  ``fstat`` before any read), at most ``max_bytes``;
+  ``fstat`` before any read), at most ``max_bytes`` (the plugin's own reports: ``MAX_REPORT_BYTES``);
 - strict JSON: no ``NaN`` / ``Infinity``, no number that overflows a float (``1e400``), no integer
   beyond 64 bits (which also refuses 5000-digit ints before Python's digit limit is hit);
 - at most ``max_depth`` levels of nesting (100,000 levels are refused, not a ``RecursionError``) and
@@ -36,6 +36,10 @@ from .units import clip
 MAX_JSON_BYTES = 64 * 2**20
 MAX_JSON_DEPTH = 64
 MAX_JSON_ITEMS = 8_000_000
+# The plugin's own reports (a merged one of 24,000 rows is 84 MB): readers use these limits, and the writers
+# refuse to write a report past them, so nothing the plugin writes is refused when it reads it back.
+MAX_REPORT_BYTES = 1024 * 2**20
+MAX_REPORT_ITEMS = 128_000_000
 JSON_INT_LIMIT = 2**63
 _INT_DIGITS = 19  # |int| < 2**63 has at most 19 digits
 
@@ -138,7 +142,7 @@ def _parse_constant(text: str) -> Any:
     raise JsonProblem(f"is not JSON: {text} is not a JSON value (strict JSON has no NaN or Infinity)")
 
 
-def _check_shape(value: Any, max_depth: int, max_items: int) -> None:
+def check_shape(value: Any, max_depth: int, max_items: int) -> None:
     """Depth and size of a parsed value, walked without recursion."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     items = 0
@@ -166,7 +170,7 @@ def parse_json(text: str, *, max_depth: int = MAX_JSON_DEPTH, max_items: int = M
         raise JsonProblem(f"cannot be used: nested deeper than {max_depth} levels") from None
     except (TypeError, ValueError) as exc:  # e.g. a lone surrogate escape
         raise JsonProblem(f"is not JSON: {exc}") from None
-    _check_shape(value, max_depth, max_items)
+    check_shape(value, max_depth, max_items)
     return value
 
 

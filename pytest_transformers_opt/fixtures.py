@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 import pytest
 
-from .verdict.bench import build_workload, enforce_budgets, judge_budgets, run_bench
 from .errors import OptConfigError, OptLoadError
-from .engine.hardware import HardwareInfo
-from .engine.model import OptModel
-from .verdict.results import OptResult
-from .plan import TestPlan, build_plan, skip_unsupported
 from .session import SESSION_KEY, OptSession
+
+# the stages are imported when a test first asks for a fixture: a session that uses none never loads them
+if TYPE_CHECKING:
+    from .engine.hardware import HardwareInfo
+    from .engine.model import OptModel
+    from .plan import TestPlan
+    from .verdict.results import OptResult
 
 
 T = TypeVar("T")
@@ -40,6 +42,10 @@ def opt_hardware(request: pytest.FixtureRequest) -> HardwareInfo:
 @pytest.fixture
 def opt_plan(request: pytest.FixtureRequest) -> TestPlan:
     """The test's markers resolved and probed; bad input errors here, unsupported techniques skip here."""
+    from .engine.heavy_imports import import_stack
+    from .plan import build_plan, skip_unsupported
+
+    import_stack()  # usually done before the first test; here when a test asked through getfixturevalue
     session = _session(request)
     # recorded from here on, however the test asked for the fixture (parameter or getfixturevalue)
     record = session.record(request.node.nodeid)
@@ -71,6 +77,8 @@ def opt_baseline_model(request: pytest.FixtureRequest, opt_plan: TestPlan) -> Op
 def opt_bench(request: pytest.FixtureRequest, opt_plan: TestPlan, opt_model: OptModel
               ) -> Iterator[Callable[..., OptResult]]:
     """``opt_bench(prompts=None, *, max_new_tokens=None, batch_size=None, rounds=None, warmup=None) -> OptResult``."""
+    from .verdict.bench import build_workload, enforce_budgets, judge_budgets, run_bench
+
     session = _session(request)
     record = session.record(request.node.nodeid)
     if not opt_plan.declared:

@@ -12,8 +12,10 @@ def pytest_opt_register_techniques(registry: Any) -> None:
     """Register project techniques in the catalogue, before the first test sets up.
 
     ``registry.register(MyTechnique)`` adds a ``Technique`` subclass under its ``name``; markers can
-    then name it like a built-in one. Example (conftest.py)::
+    then name it like a built-in one. Mark the implementation ``optionalhook=True`` so that the conftest
+    still loads when the plugin is disabled (``pytest -p no:transformers_opt``). Example (conftest.py)::
 
+        import pytest
         from pytest_transformers_opt.techniques import Technique
 
         class GreedyStop(Technique):
@@ -24,6 +26,7 @@ def pytest_opt_register_techniques(registry: Any) -> None:
             def configure_generation(self, gen, ctx):
                 gen.kwargs["min_new_tokens"] = 0
 
+        @pytest.hookimpl(optionalhook=True)
         def pytest_opt_register_techniques(registry):
             registry.register(GreedyStop)
     """
@@ -38,10 +41,12 @@ def pytest_opt_report_extra(config: pytest.Config, report: dict[str, Any]) -> No
     without this hook's fields. Values are made JSON-safe by one rule: NaN and infinity become null, a
     path its text, a set a sorted list; anything else JSON cannot hold is left out, named in one line.
     A hook that raises is named in one line of the terminal summary, and the report is written without
-    its fields. Example (conftest.py)::
+    its fields. Mark it ``optionalhook=True``, as above. Example (conftest.py)::
 
         import os
+        import pytest
 
+        @pytest.hookimpl(optionalhook=True)
         def pytest_opt_report_extra(config, report):
             report["extra"] = {"commit": os.environ.get("GITHUB_SHA")}
             for test in report["tests"]:

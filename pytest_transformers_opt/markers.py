@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
 from .errors import OptConfigError
-from .engine.loading import ModelRequest
 from .units import parse_dtype
+
+if TYPE_CHECKING:
+    from .engine.loading import ModelRequest
 
 
 def optimization(*techniques: Any, **budgets: Any) -> None:
@@ -65,6 +67,8 @@ class MarkedTest:
 def read_markers(item: pytest.Item, default_model: str, default_model_source: str,
                  default_baseline: tuple[str, ...]) -> MarkedTest:
     """Read and check the closest ``optimization``, ``opt_model`` and ``opt_baseline`` markers of ``item``."""
+    from .engine.loading import ModelRequest  # on first use: the plugin's start-up loads no stage
+
     optimization_mark = item.get_closest_marker("optimization")
     techniques: list[Any] = []
     budgets: dict[str, Any] = {}

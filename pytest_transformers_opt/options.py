@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import pytest
 
 from .engine.compile_cache import check_cache_dir
+from .engine.cpu_threads import parse_cpu_threads
 from .engine.gpu_pinning import parse_gpus_per_worker
 from .files import check_writable
-from .verdict.bench import MAX_WARMUP
-from .verdict.sequential import AUTO_ROUNDS, ROUNDS_FORMS, RoundsRule, parse_rounds
+from .verdict.sequential import AUTO_ROUNDS, MAX_WARMUP, ROUNDS_FORMS, RoundsRule, parse_rounds
 from .verdict.budgets import BUDGET_MODES, BUDGETS, parse_budget
 from .errors import OptConfigError
 from .units import parse_non_negative_int
@@ -135,6 +135,9 @@ OPTIONS: tuple[OptionDef, ...] = (
               "regressions that fail the run: latency:10%,peak_memory:5%,kl_mean:0.01", "EXPR[,EXPR]"),
     OptionDef("--opt-gpus-per-worker", "opt_gpus_per_worker", "opt_gpus_per_worker", parse_gpus_per_worker, None,
               "under pytest-xdist, pin each worker to its own N GPUs", "N"),
+    OptionDef("--opt-cpu-threads", "opt_cpu_threads", "opt_cpu_threads", parse_cpu_threads, None,
+              "torch's intra-op threads on CPU: N, or auto (default: the cores divided among pytest-xdist "
+              "workers); left alone on CUDA", "N|auto"),
     OptionDef("--opt-techniques", "opt_techniques", None, _bool, False,
               "print the technique catalogue with what this machine supports and why not, then exit", is_flag=True,
               has_env=False),
@@ -210,6 +213,7 @@ class Settings:
     compare: str | None
     compare_fail: str | None
     gpus_per_worker: int | None
+    cpu_threads: int | None  # None: auto (each pytest-xdist worker's share of the cores)
     techniques: bool
     rounds: RoundsRule
     warmup: int
@@ -221,6 +225,7 @@ class Settings:
     baseline: tuple[str, ...]  # ini opt_baseline, else eager
     compare_report: dict[str, Any] | None  # the --opt-compare report, read at configure time
     compare_thresholds: list[Threshold]  # --opt-compare-fail, parsed
+    notes: tuple[str, ...] = ()  # project-wide settings (ini, environment) this run leaves unused, and why
 
 
 def resolve_settings(config: pytest.Config) -> Settings:
@@ -234,7 +239,8 @@ def resolve_settings(config: pytest.Config) -> Settings:
     ini_budgets = _ini_budgets(config)
     baseline = _ini_baseline(config)
     values = _absolute_paths(config, values, sources)
-    compare_report, compare_thresholds = _load_compare(values, sources)
+    notes: list[str] = []
+    compare_report, compare_thresholds = _load_compare(values, sources, notes)
     _check_report_paths(values, sources)
     if values["compile_cache"]:
         try:
@@ -243,7 +249,7 @@ def resolve_settings(config: pytest.Config) -> Settings:
             raise pytest.UsageError(str(exc)) from None
     _check_history_dir(values, sources)
     return Settings(**values, sources=sources, ini_budgets=ini_budgets, baseline=baseline,
-                    compare_report=compare_report, compare_thresholds=compare_thresholds)
+                    compare_report=compare_report, compare_thresholds=compare_thresholds, notes=tuple(notes))
 
 
 def _resolve(config: pytest.Config, option: OptionDef) -> tuple[Any, str]:
@@ -335,9 +341,11 @@ def _absolute_paths(config: pytest.Config, values: Mapping[str, Any], sources: M
     return absolute
 
 
-def _load_compare(values: Mapping[str, Any], sources: Mapping[str, str]
+def _load_compare(values: dict[str, Any], sources: Mapping[str, str], notes: list[str]
                   ) -> tuple[dict[str, Any] | None, list[Threshold]]:
-    """Parse --opt-compare-fail and read the --opt-compare report now: a bad one is a usage error."""
+    """Parse --opt-compare-fail and read the --opt-compare report now: a bad one is a usage error. A gate
+    without a report to compare with is an error when typed on the command line; set project-wide (ini,
+    environment) it is a note, and this run has no gate."""
     from .report.compare import load_compare_report, parse_compare_fail
 
     thresholds: list[Threshold] = []
@@ -349,5 +357,10 @@ def _load_compare(values: Mapping[str, Any], sources: Mapping[str, str]
     except OptConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     if thresholds and not compare:
-        raise pytest.UsageError(f"{sources['compare_fail']}: needs --opt-compare=PATH (the earlier report)")
+        source = sources["compare_fail"]
+        if source == "--opt-compare-fail":
+            raise pytest.UsageError(f"{source}: needs --opt-compare=PATH (the earlier report)")
+        notes.append(f"{source}={values['compare_fail']} is not applied: this run has no --opt-compare=PATH "
+                     f"(the earlier report it gates against)")
+        values["compare_fail"], thresholds = None, []
     return report, thresholds

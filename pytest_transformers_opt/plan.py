@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import pytest
 
+from .compat import config_as_loaded
 from .engine.hardware import HardwareInfo
 from .engine.loading import ModelRequest, resolve_model_path
 from .engine.real_models import RealModelUnavailable
@@ -77,7 +78,8 @@ def build_plan(item: pytest.Item, sources: PlanSources) -> TestPlan:
         path = resolve_model_path(marked.model)
     except RealModelUnavailable as exc:  # a package not installed here: a skip, with the install command
         pytest.skip(exc.reason)
-    model_config = sources.model_config(marked.model, path)
+    # what the probes read is the config the model will load with: opt_model(..., layer_types=[...]) included
+    model_config = config_as_loaded(sources.model_config(marked.model, path), dict(marked.model.from_pretrained_kwargs))
     dtype = marked.model.dtype or str(getattr(model_config, "dtype", None) or "float32").removeprefix("torch.")
     ctx = ProbeContext(hardware=sources.hardware, model_config=model_config, dtype=dtype)
     distributions = not any(t.compares_tokens_only for t in optimized)

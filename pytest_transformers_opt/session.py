@@ -18,24 +18,26 @@ from .compat import compile_cache_counts, package_version
 from .errors import OptConfigError, OptLoadError, OptProofError
 from .units import ERROR_CHARS  # the JSON keeps the whole error: its reason may come late (compiler output)
 from .engine.compile_cache import CompileCache, cache_key, compile_cache_state
-from .engine.measure import release_memory
-from .engine.hardware import HardwareInfo, probe_hardware
-from .engine.loading import ModelCache, ModelRequest, OptModelChanged, load_model, read_model_config, tokenizer_only
-from .engine.model import LoadedModel, OptModel
 from .markers import read_markers
 from .options import Settings
-from .plan import Configuration, TestPlan, probe_reason
-from .verdict.results import CALL_SUFFIX
-from .report.writer import ReportWriter, entries_of, record_entries
-from .techniques import GenerationSettings, ProbeContext, TechniqueRegistry, build_registry
 
+# The stages (engine, techniques, verdict, report) are imported where first used: pytest imports this module
+# at every start-up, also for sessions that use none of the plugin.
 if TYPE_CHECKING:
+    from .engine.hardware import HardwareInfo
+    from .engine.loading import ModelCache, ModelRequest
+    from .engine.model import LoadedModel, OptModel
+    from .plan import Configuration, TestPlan
+    from .report.writer import ReportWriter
+    from .techniques import TechniqueRegistry
     from .engine.generation import GenerationRun
     from .engine.measure import PeakReading
 
 SESSION_KEY = pytest.StashKey["OptSession"]()
+WARM_UP_ANNOUNCE_AFTER_S = 3.0  # a few seconds on an idle machine; minutes on a busy one
 # a test that uses one of these has a record, and its model counts for freeing memory
 OPT_FIXTURES = frozenset({"opt_bench", "opt_model", "opt_baseline_model"})
+TORCH_FIXTURES = OPT_FIXTURES | {"opt_plan", "opt_hardware"}  # a test that asks for one of these imports torch
 
 
 @dataclass
@@ -50,6 +52,7 @@ class TestRecord:
     results: list[Any] = field(default_factory=list)  # OptResult of each opt_bench call, in order
     compile_cache: str | None = None  # warm / cold / partial from torch's cache lookups during the test; None: no compile
     hardware: str | None = None  # HardwareInfo.fingerprint of the process that ran it; None: never probed
+    attempts: int = 1  # pytest-rerunfailures: the attempt this record holds (each rerun replaces the one before)
 
 
 def crash_message(report: Any) -> str:
@@ -84,7 +87,15 @@ class OptSession:
     @property
     def hardware(self) -> HardwareInfo:
         if self._hardware is None:
+            from .engine.cpu_threads import apply_cpu_threads
+            from .engine.hardware import probe_hardware
+            from .engine.repeated_messages import new_session
+            from .engine.heavy_imports import import_stack
+
+            import_stack()  # whole, whatever signal arrives meanwhile (see its module)
             self._hardware = probe_hardware(self.settings.device)
+            apply_cpu_threads(self.settings.cpu_threads, self._hardware)  # before any model runs
+            new_session()  # each message that repeats on every step: once in this session
             # the key names the device, and every compile needs the device first; --opt-techniques compiles nothing
             if self.settings.compile_cache and not self.settings.techniques:
                 self.compile_cache = CompileCache(self.settings.compile_cache, cache_key(self._hardware),
@@ -100,6 +111,8 @@ class OptSession:
     def registry(self) -> TechniqueRegistry:
         """Built on first use, after every conftest had its chance to register techniques."""
         if self._registry is None:
+            from .techniques import build_registry
+
             registry = build_registry()
             self.config.hook.pytest_opt_register_techniques(registry=registry)
             self._registry = registry
@@ -108,6 +121,8 @@ class OptSession:
     @property
     def models(self) -> ModelCache:
         if self._models is None:
+            from .engine.loading import ModelCache
+
             self._models = ModelCache(self.device)
         return self._models
 
@@ -121,11 +136,18 @@ class OptSession:
         """The model's config, read once per model and path for the session."""
         key = (request.identity(), path)
         if key not in self._configs:
+            from .engine.loading import read_model_config
+
             self._configs[key] = read_model_config(request, path)
         return self._configs[key]
 
     # -- models -------------------------------------------------------------------------------------
     def opt_model(self, plan: TestPlan, side: Configuration) -> OptModel:
+        from .engine.loading import load_model, tokenizer_only
+        from .engine.measure import release_memory
+        from .engine.model import OptModel
+        from .techniques import GenerationSettings
+
         load_time = [t for t in side.techniques if t.load_time]
         key = (side.request.identity(), tuple(sorted(t.label() for t in load_time)), self.device)
         try:
@@ -152,6 +174,9 @@ class OptSession:
 
     def technique_support(self) -> list[tuple[str, str, str | None]]:
         """(name, summary, why not) for every technique, probed on this machine with no model."""
+        from .plan import probe_reason
+        from .techniques import ProbeContext
+
         ctx = ProbeContext(hardware=self.hardware, model_config=None, dtype="float32")
         rows = []
         for technique_class in self.registry.classes():
@@ -162,6 +187,22 @@ class OptSession:
                 reason = str(exc)
             rows.append((technique_class.name, technique_class.summary, reason))
         return rows
+
+    def warm_up(self, session: pytest.Session) -> None:
+        """Import torch and transformers before the first test when one will use the plugin's fixtures: out
+        of every test's timer (pytest-timeout times setup too), announced when it takes long."""
+        if session.config.option.collectonly or not any(TORCH_FIXTURES & set(getattr(item, "fixturenames", ()))
+                                                        for item in session.items):
+            return
+        from .engine.heavy_imports import import_stack
+        from .engine.progress import long_work
+
+        with long_work("importing torch and transformers", detail="once per session, before the first test",
+                       after_s=WARM_UP_ANNOUNCE_AFTER_S):
+            try:
+                import_stack()
+            except Exception:  # a broken install: the first test that needs it fails, saying why
+                pass
 
     # -- model lifetimes --------------------------------------------------------------------------
     def count_model_uses(self, items: list[pytest.Item]) -> None:
@@ -191,8 +232,13 @@ class OptSession:
             pytest.fail("\n".join(changed), pytrace=False)
 
     def _check_handed(self, nodeid: str) -> list[str]:
+        handed = self._handed.pop(nodeid, [])
+        if not handed:
+            return []
+        from .engine.loading import OptModelChanged
+
         problems = []
-        for loaded in self._handed.pop(nodeid, []):
+        for loaded in handed:
             try:
                 if self._models is not None:
                     self._models.check(loaded.key, nodeid)
@@ -251,6 +297,20 @@ class OptSession:
         elif report.when == "call":
             record.outcome, record.error = "passed", None
 
+    def note_rerun(self, nodeid: str, attempt: int) -> None:
+        """pytest-rerunfailures will run this test again after its failed attempt number ``attempt`` (from
+        0): the next attempt replaces this one in the report, as pytest counts one test (and its reruns),
+        and the row keeps how many attempts it took. A second rerun report of the same attempt (a
+        teardown that failed too) changes nothing."""
+        from .verdict.results import CALL_SUFFIX
+
+        record = self.records.get(nodeid)
+        if record is not None and record.attempts <= attempt + 1:
+            self.records[nodeid] = TestRecord(nodeid, attempts=attempt + 2, hardware=record.hardware)
+        # the controller of an xdist run: the worker's entries for the attempt it will repeat
+        self.worker_entries = {entry_id: entry for entry_id, entry in self.worker_entries.items()
+                               if entry_id != nodeid and not entry_id.startswith(nodeid + CALL_SUFFIX)}
+
     # -- pytest-xdist controller ----------------------------------------------------------------------
     def note_worker_entries(self, entries: list[dict[str, Any]]) -> None:
         """Entries a worker sent for one test (with each of its reports, so a worker that dies later
@@ -260,6 +320,8 @@ class OptSession:
 
     def note_crash(self, nodeid: str, message: str) -> None:
         """A test whose worker died while running it: failed (as pytest counts it), with why."""
+        from .verdict.results import CALL_SUFFIX
+
         mine = [entry for entry_id, entry in self.worker_entries.items()
                 if entry_id == nodeid or entry_id.startswith(nodeid + CALL_SUFFIX)]
         for entry in mine:
@@ -296,7 +358,11 @@ def next_change_lines(report: dict[str, Any]) -> list[str]:
     is handed to the writer from here rather than imported by it (imported on use: a session that builds no
     report never loads the advisor)."""
     from .advisor import advise_from_report
+    from .engine.loading import import_quietly
 
+    # the advisor reads a built-in model's config through transformers: under pytest-xdist that is the controller's
+    # first import of it (its workers ran the tests), whose chain would warn from torch 14 times in the summary
+    import_quietly()
     return advise_from_report(report).summary_lines()
 
 
@@ -314,20 +380,28 @@ class OptPlugin:
         self.session = session
 
     def _writer(self) -> ReportWriter:
+        from .report.writer import ReportWriter
+
         return ReportWriter(self.session, advice=next_change_lines)
 
-    def pytest_report_header(self) -> str:
+    def pytest_report_header(self) -> list[str]:
         settings = self.session.settings
         # versions from package metadata and the requested device, not the hardware probe: that imports torch
         # (a second or more), which a session that uses none of the plugin should not pay; the report names
         # the device measured on
         device = f"{settings.device} (probed on first use)" if settings.device == "auto" else settings.device
-        return (f"transformers-opt: device {device}, torch {package_version('torch')}, transformers "
-                f"{package_version('transformers')}, default model {settings.model}, budgets {settings.budgets}")
+        return [f"transformers-opt: device {device}, torch {package_version('torch')}, transformers "
+                f"{package_version('transformers')}, default model {settings.model}, budgets {settings.budgets}",
+                *(f"transformers-opt: note: {note}" for note in settings.notes)]
 
     @pytest.hookimpl(trylast=True)  # after -k, -m, --deselect and conftests: count only the tests that will run
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         self.session.count_model_uses(items)
+
+    @pytest.hookimpl(tryfirst=True)  # after collection, before the first test (and its timer) starts
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        if not (session.testsfailed and not session.config.option.continue_on_collection_errors):
+            self.session.warm_up(session)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item) -> Generator[None, Any, Any]:
@@ -339,6 +413,8 @@ class OptPlugin:
                 session.note_compile_cache(item.nodeid)
             session.note_report(item, report)
             if session.is_xdist_worker:  # travels to the controller with the report
+                from .report.writer import entries_of
+
                 report.opt_entries = entries_of(session.records[item.nodeid])
         return report
 
@@ -356,6 +432,8 @@ class OptPlugin:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         try:
             if self.session.is_xdist_worker:
+                from .report.writer import record_entries
+
                 # workeroutput: set by xdist on a worker's config, sent to the controller when the worker ends
                 session.config.workeroutput["opt_report_entries"] = record_entries(self.session)  # type: ignore[attr-defined]  # xdist's attribute
             # pytest returns session.exitstatus after this hook; the terminal summary (printed next) says why
@@ -368,6 +446,9 @@ class OptPlugin:
         entries = getattr(report, "opt_entries", None)
         if entries and not self.session.is_xdist_worker:
             self.session.note_worker_entries(entries)
+        # pytest-rerunfailures: this attempt failed and the test runs again ("rerun" is outside pytest's typed outcomes)
+        if str(report.outcome) == "rerun":
+            self.session.note_rerun(report.nodeid, int(getattr(report, "rerun", 0) or 0))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport) -> None:

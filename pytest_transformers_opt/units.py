@@ -228,7 +228,14 @@ _TYPE_PREFIX = re.compile(r"^([A-Za-z_][\w.]*)(?::\s+|:?$)")  # `pkg.mod.ValueEr
 _ERROR_NAME = re.compile(r"(?:Error|Exception|Failed|Failure|Interrupt|Exit|Timeout)$")
 
 
-def _shorten(text: str, limit: int) -> str:
+# what names the offending value in a message: the part after "found:" (the plugin's own reasons), or a
+# bracketed or quoted value ({'sliding_attention'}, [3, 4], 'x', `y`); an apostrophe inside a word is not a quote
+_VALUE = re.compile(r"\bfound:|\{[^{}]*\}|\[[^\[\]]*\]|(?<!\w)'[^'\n]*'(?!\w)|(?<!\w)\"[^\"\n]*\"(?!\w)|`[^`\n]*`")
+_TAIL_SHARE = 0.6  # at most this share of a cut line goes to the kept value and the words that lead to it
+_TAIL_LEAD_CHARS = 24  # words kept before a value so it says what it is ("invalid layer types: {...}")
+
+
+def _cut(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters on a word boundary with an ellipsis, never inside a path."""
     if len(text) <= limit:
         return text
@@ -243,6 +250,32 @@ def _shorten(text: str, limit: int) -> str:
     if len(head) < limit // 2:  # one long word (not a path): better cut than lost
         return text[: limit - 1] + "…"
     return head.rstrip(" ,;:") + "…"
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters: cut on a word boundary (never inside a path), and when the cut
+    would drop the words that name the offending value (``found: ...``, a quoted or bracketed value), the
+    middle goes instead: ``... only full attention layers. … invalid layer types: {'sliding_attention'}``."""
+    if len(text) <= limit:
+        return text
+    # the value a message ends on names what is wrong (a wrapper's own values come first); "found:" says so outright
+    values = [m for m in _VALUE.finditer(text) if m.end() > limit - 1]
+    lost = next((m for m in values if m[0] == "found:"), values[-1] if values else None)
+    if lost is None:
+        return _cut(text, limit)
+    start = lost.start()
+    if lost[0] != "found:":  # lead in from the clause that introduces the value, a few words at most
+        clause = max((text.rfind(mark, 0, start) + len(mark) for mark in (". ", "; ") if mark in text[:start]),
+                     default=0)
+        if start - clause > _TAIL_LEAD_CHARS:
+            lead = text.find(" ", start - _TAIL_LEAD_CHARS - 1, start)
+            clause = lead + 1 if lead >= 0 else start
+        start = clause
+    tail = _cut(text[start:], int(limit * _TAIL_SHARE))
+    room = limit - len(tail) - 1
+    if room < limit // 4:  # no room left for what the message is about: the plain cut
+        return _cut(text, limit)
+    return f"{_cut(text[:start].rstrip(), room)} {tail}"  # the head's ellipsis marks the words left out
 
 
 def failure_reason(error: str | None, limit: int = REASON_CHARS) -> str:
@@ -275,4 +308,4 @@ def failure_reason(error: str | None, limit: int = REASON_CHARS) -> str:
     diagnostic = next((m[1] for line in lines if (m := _DIAGNOSTIC.match(line))), None)
     message = diagnostic or message
     text = f"{kind}: {message}" if kind and message else kind or message or lines[0]
-    return _shorten(" ".join(text.split()), limit)
+    return shorten(" ".join(text.split()), limit)

@@ -39,8 +39,11 @@ from model_shapes import LLAMA_8B  # noqa: E402  (tests/ is on sys.path: pytest'
 _MODEL_CACHE = str(tiny_models.cache_root())
 
 
+INNER_ADDOPTS = "-p no:randomly -p no:asyncio"
+
+
 @pytest.fixture(autouse=True)
-def _hermetic_inner_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _hermetic_inner_runs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Inner pytest runs use the real model cache, see no PYTEST_OPT_* or PYTEST_XDIST_* variable from outside, and run
     torch on one thread (the tiny models gain nothing from more; on 2 shared cores spinning threads
     make each run several times slower)."""
@@ -50,6 +53,16 @@ def _hermetic_inner_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         # would take it for one and disable itself)
         if key.startswith(("PYTEST_OPT_", "PYTEST_XDIST_")):
             monkeypatch.delenv(key)
+    # plugins of the test extra that act on every session once installed (for tests/integration/test_plugin_compat.py):
+    # pytest-randomly reorders and reseeds, pytest-asyncio warns at start-up (an error under -W error). Inner runs
+    # go without them; a test that wants one names it (`-p randomly` after this undoes the `no:`). pytester clears
+    # PYTEST_ADDOPTS when it is made: made first, so that this is set after
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")
+    monkeypatch.setenv("PYTEST_ADDOPTS", INNER_ADDOPTS)
+    # the plugin sets torch's threads at its hardware probe (--opt-cpu-threads, auto: all the cores outside
+    # xdist): inner runs keep the one thread; tests of that option unset this
+    monkeypatch.setenv("PYTEST_OPT_CPU_THREADS", "1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -1,5 +1,6 @@
 """Project conftest: registers a team-specific technique next to the built-in catalogue."""
 
+import pytest
 from pytest_transformers_opt.techniques import Technique
 
 
@@ -15,5 +16,7 @@ class NoRepeatTrigrams(Technique):
         gen.kwargs["no_repeat_ngram_size"] = 3
 
 
+# optional: without it, `pytest -p no:transformers_opt` stops at this conftest ("unknown hook")
+@pytest.hookimpl(optionalhook=True)
 def pytest_opt_register_techniques(registry):
     registry.register(NoRepeatTrigrams)

@@ -153,14 +153,19 @@ _CACHE_NEXT = {"static_cache": Change("offloaded_static_cache"),
 
 
 def _next_memory(stack: list[Change], shape: ModelShape | None, dtype: str,
-                 peak: float | None) -> tuple[Change, str]:
+                 peak: float | None, resident: float | None = None) -> tuple[Change, str]:
+    """The next memory step. ``peak`` is the configuration's running peak (resident + generation) and
+    ``resident`` what it holds once loaded, both measured; a load's transient is never the basis."""
     weights, cache = find(stack, QUANTIZATION), find(stack, CACHING)
     weights_share = None
-    if shape is not None and peak:
+    basis = "estimate"
+    if resident and peak:  # measured: what the loaded configuration holds, not what its load held for a moment
+        weights_share, basis = min(1.0, resident / peak), "measured"
+    elif shape is not None and peak:
         quant = weights.name if weights and weights.name in ("bnb_8bit", "bnb_4bit") else None
         weights_share = weight_bytes(shape, dtype, quant) / peak
     weights_dominate = weights_share is None or weights_share >= 0.5
-    share = "" if weights_share is None else f" (weights ~{weights_share:.0%} of the measured peak, estimate)"
+    share = "" if weights_share is None else f" (weights ~{weights_share:.0%} of the running peak, {basis})"
     if weights is not None and weights.name == "bnb_8bit" and weights_dominate:
         return Change("bnb_4bit"), f"8-bit weights still exceed the memory budget{share}: 4-bit halves them again."
     if cache is not None and cache.name in _CACHE_NEXT:
@@ -275,12 +280,12 @@ def advise_from_report(report: dict[str, Any], workload: ServingScenario | None 
 
     advice = _build(change, new_stack, stage, shape, derived, hardware, baseline, test, stack, dtype)
     # Without a change the title already carries the reason: do not repeat it under Why.
-    reason = [why] if change is not None or not why.startswith("No further change") else []
+    reason = [why] if change is not None or (new_stack and not why.startswith("No further change")) else []
     advice.why = [headline + "."] + reason + [f"Note: {note}." for note in notes] + advice.why
     advice.measured = measured
     advice.measured_source = source or f"report created {report.get('created', '?')}"
     # Only a run that measured (passed or failed on its budgets) covers the configuration it proposes again.
-    advice.measured_covers_change = change is None and test.get("outcome") in ("passed", "failed")
+    advice.measured_covers_change = change is None and test.get("outcome") in ("passed", "failed") and bool(new_stack)
     if change is None:
         advice.title = why if why.startswith("No further change") else f"No new technique: {why}"
     return advice
@@ -310,11 +315,22 @@ def _decide(test: dict[str, Any], stack: list[Change], shape: ModelShape | None,
             why = f"The technique was skipped, so nothing was measured: {reason}."
     elif outcome == "error" and not _OOM.search(str(test.get("error") or "")):
         error = failure_reason(test.get("error"))
-        why = f"The run errored before measuring: {error}. Fix that first; no new technique is proposed."
+        why = (f"The run errored before measuring: {error}. {config_text} did not run as tested, so it is not "
+               f"proposed again: fix that first; no new technique is proposed.")
+        new_stack = []  # never recommend a configuration the run showed cannot run
     elif outcome == "error" or any(name in MEMORY_BUDGETS for name in failed):
         headline += "" if outcome == "error" else f"; failed {', '.join(failed)}"
-        change, why = _next_memory(stack, shape, dtype, peak)
+        optimized = test.get("optimized") or {}
         stage = "memory"
+        limit, load_peak = _budget_limit(test, "max_memory"), optimized.get("load_peak_bytes")
+        if outcome != "error" and limit and load_peak and load_peak > limit and peak and peak <= limit:
+            # a load transient: a further technique would read the same float weights at load
+            why = (f"Only loading exceeded max_memory: the load's own peak was {size_literal(int(load_peak))} "
+                   f"(the float weights read while they are quantized), and the configuration then runs in "
+                   f"{size_literal(int(peak))} (measured), within the budget. Leave room for the load, or save "
+                   f"the quantized model once (save_pretrained) and load that; no new technique is proposed.")
+        else:
+            change, why = _next_memory(stack, shape, dtype, peak, optimized.get("resident_bytes"))
     elif any(name in SIMILARITY_BUDGETS for name in failed):
         headline += f"; met {'memory' if _budget_limit(test, 'max_memory') else 'its other budgets'}, " \
                     f"failed {', '.join(failed)}"
@@ -324,6 +340,13 @@ def _decide(test: dict[str, Any], stack: list[Change], shape: ModelShape | None,
         headline += f"; failed {', '.join(failed)}"
         change, why = _next_speed(stack, derived, hardware, concurrency, derived.input_tokens or 512)
         stage = "speed"
+    elif outcome == "failed" and not failed and not _failed_in_the_test(test.get("error")):
+        # the configuration itself raised (transformers refused it, a kernel failed): it cannot run as tested
+        error = failure_reason(test.get("error"))
+        why = (f"The run failed before it measured anything: {config_text} raised {error}. That configuration "
+               f"cannot run as tested, so it is not proposed again: drop the technique the error names, or "
+               f"change what it asks; no new technique is proposed.")
+        new_stack = []
     elif outcome == "failed":
         detail = f"budgets {', '.join(failed)}" if failed else "an assertion of the test itself"
         why = f"The run failed on {detail}; no technique change follows from that."
@@ -340,6 +363,12 @@ def _decide(test: dict[str, Any], stack: list[Change], shape: ModelShape | None,
             why = (f"No further change needed: {config_text} met every budget on {where} (measured) for a "
                    f"workload of {concurrency} concurrent request(s).")
     return change, new_stack, stage, why, headline
+
+
+def _failed_in_the_test(error: Any) -> bool:
+    """The test's own code failed it (an ``assert``, ``pytest.fail``), not the configuration it measured."""
+    reason = failure_reason(error)
+    return reason.startswith(("AssertionError", "Failed:", "assert ")) or str(error or "").lstrip().startswith("assert ")
 
 
 def _known_dtype(value: Any) -> str | None:

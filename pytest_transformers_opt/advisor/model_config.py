@@ -63,6 +63,14 @@ class ModelShape:
         return is_builtin_model(self.name)
 
 
+def builtin_model_names() -> list[str]:
+    """Every built-in model name, tiny ones first."""
+    from ..engine.real_models import REAL_MODELS
+    from ..engine.tiny_models import TINY_MODELS
+
+    return [*TINY_MODELS, *REAL_MODELS]
+
+
 def is_builtin_model(name: str) -> bool:
     """True for the plugin's built-in offline models (``tiny-random-llama``, ...)."""
     try:
@@ -70,6 +78,25 @@ def is_builtin_model(name: str) -> bool:
     except ImportError:
         return name == BUILTIN_DEFAULT
     return bool(is_tiny_model(name))
+
+
+def is_builtin_real_model(name: str) -> bool:
+    """True for the plugin's built-in pretrained models (``smollm2-135m``): real weights, not tiny."""
+    from ..engine.real_models import is_real_model  # lazy: the advisor's start-up reads no engine module
+
+    return is_real_model(name)
+
+
+def builtin_real_model_folder(name: str) -> Path:
+    """The converted folder of a built-in pretrained model: the one the plugin's tests load, converted from
+    the installed wheel's GGUF on first use (nothing downloaded); an uninstalled wheel is an error saying
+    how to install it."""
+    from ..engine.real_models import RealModelUnavailable, ensure_real_model
+
+    try:
+        return ensure_real_model(name)
+    except RealModelUnavailable as exc:
+        raise OptConfigError(f"--model: built-in model {name!r} is not installed here: {exc.reason}") from None
 
 
 def _config_error(where: str, detail: str) -> OptConfigError:
@@ -193,6 +220,9 @@ def load_model_shape(source: Any, revision: str | None = None) -> ModelShape:
         from ..engine.tiny_models import tiny_model_config  # lazy: it imports transformers
 
         return shape_from_dict(tiny_model_config(text).to_dict(), text, f"built-in model {text}")
+    if not path.exists() and is_builtin_real_model(text):
+        return shape_from_dict(_read_json(builtin_real_model_folder(text) / "config.json"), text,
+                               f"built-in model {text}")
     if path.is_dir():
         config_path = path / "config.json"
         if not config_path.exists():  # a FIFO or folder there is the guarded reader's clear error
@@ -206,4 +236,4 @@ def load_model_shape(source: Any, revision: str | None = None) -> ModelShape:
         if cached is not None:
             return shape_from_dict(_read_json(cached), text, f"{text} (local hub cache)")
     raise OptConfigError(f"--model: {text!r} is not a folder, a config.json file, a hub id in the local cache "
-                         f"or a built-in model (e.g. tiny-random-llama); nothing is downloaded")
+                         f"or a built-in model ({', '.join(builtin_model_names())}); nothing is downloaded")

@@ -6,6 +6,7 @@ second run loads inductor's compiled graphs instead. Layout, one subfolder per k
     DIR/<torch>_<transformers>_<device>_<hash>/
         manifest.json      what the key is made of, written by the plugin
         inductor/          TORCHINDUCTOR_CACHE_DIR: FX graph, AOTAutograd, autotune and Triton caches
+        inductor/precompiled_headers/   inductor's precompiled C++ headers (torch's default: /tmp)
         artifacts/<process>.bin   torch.compiler.save_cache_artifacts() of the last session (where torch has it)
 
 The key is the torch and transformers versions and the device (CUDA name and compute capability, or
@@ -16,6 +17,12 @@ Whether a test compiled warm or cold is read from torch's own cache counters (hi
 FX graph and AOTAutograd caches during the test), not guessed from the folder: a warm state means
 every lookup hit. Everything in the folder is loaded with pickle by torch, so it must be trusted as
 the inductor cache itself is (a CI cache of this repository's own runs).
+
+A damaged entry is a miss, never a failure: torch recompiles a graph entry it cannot read, but reuses a
+compiled ``.so`` or ``.o`` it finds (it links the objects it finds), and a truncated one (a cache
+restore cut short) failed a test in the field with a C++ error naming the compiler. Each shared object
+or object file shorter than its own ELF headers say is removed with its source at install, and
+compiled again.
 """
 
 from __future__ import annotations
@@ -25,14 +32,17 @@ import json
 import os
 import platform
 import re
+import struct
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..compat import enable_compile_caches, load_compile_artifacts, package_version, save_compile_artifacts
+from ..compat import (enable_compile_caches, load_compile_artifacts, package_version, save_compile_artifacts,
+                      set_precompiled_header_dir)
 from ..errors import OptConfigError
 from ..files import read_json, write_atomic
+from .progress import say
 
 if TYPE_CHECKING:
     from .hardware import HardwareInfo
@@ -79,11 +89,58 @@ def check_cache_dir(path: str, source: str) -> None:
         raise OptConfigError(f"{source}: {path!r} is not a folder; give the folder the compile cache lives in")
     existing = target
     while not existing.exists():
+        if existing.is_symlink():  # a link to nothing (or a loop): mkdir would fail on it at the first test
+            raise OptConfigError(
+                f"{source}: {str(existing)!r} is a symbolic link to {os.readlink(existing)!r}, which does not exist "
+                f"(a dangling link); create its target folder, remove the link, or give another folder")
         existing = existing.parent
     if not existing.is_dir():
         raise OptConfigError(f"{source}: {str(existing)!r} is not a folder, so {path!r} cannot be created")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise OptConfigError(f"{source}: the folder {str(existing)!r} is not writable")
+
+
+def truncated_shared_object(path: Path) -> bool:
+    """True for a compiled ``.so`` or ``.o`` that cannot be whole: not an ELF file, or shorter than the
+    program and section header tables its own ELF header places (the section table ends the file, so a
+    cut copy always fails this). Only on Linux, where inductor writes ELF; elsewhere nothing is judged damaged."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        with path.open("rb") as file:
+            header = file.read(64)
+            size = os.fstat(file.fileno()).st_size
+    except OSError:
+        return True
+    if len(header) < 52 or header[:4] != b"\x7fELF" or header[4] not in (1, 2) or header[5] not in (1, 2):
+        return True
+    order = "<" if header[5] == 1 else ">"
+    if header[4] == 2:  # 64-bit
+        if len(header) < 64:
+            return True
+        (program_at, sections_at), sizes = struct.unpack(order + "QQ", header[32:48]), header[54:62]
+    else:
+        (program_at, sections_at), sizes = struct.unpack(order + "II", header[28:36]), header[42:50]
+    program_entry, program_count, section_entry, section_count = struct.unpack(order + "HHHH", sizes)
+    end = max(int(program_at) + int(program_entry) * int(program_count),
+              int(sections_at) + int(section_entry) * int(section_count))
+    return end > size
+
+
+def remove_damaged_entries(inductor_dir: Path) -> list[Path]:
+    """Remove every truncated compiled ``.so`` (and ``.o``, which inductor links into one) under
+    ``inductor_dir`` with its C++ source (a cut source would fail to compile again), so inductor rebuilds
+    them: the entries removed."""
+    removed = []
+    for library in sorted([*inductor_dir.rglob("*.so"), *inductor_dir.rglob("*.o")]):
+        if library.is_file() and not library.is_symlink() and truncated_shared_object(library):
+            for path in (library, library.with_suffix(".cpp")):
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
+            removed.append(library)
+    return removed
 
 
 def compile_cache_state(hits: int, misses: int) -> str | None:
@@ -106,7 +163,9 @@ class CompileCache:
         self.folder = self.root / key.folder_name()
         self.process = re.sub(r"[^A-Za-z0-9_-]+", "-", process) or "main"
         self.stale = False  # the subfolder's manifest did not match its key (broken or edited): emptied
+        self.removed: list[Path] = []  # damaged compiled entries removed at install (each compiles again)
         self._previous: dict[str, str | None] = {}
+        self._previous_headers: str | None = None
 
     @property
     def inductor_dir(self) -> Path:
@@ -116,17 +175,28 @@ class CompileCache:
     def artifacts_dir(self) -> Path:
         return self.folder / "artifacts"
 
+    @property
+    def headers_dir(self) -> Path:
+        return self.inductor_dir / "precompiled_headers"
+
     def install(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._check_manifest()
         self.inductor_dir.mkdir(exist_ok=True)
         self.artifacts_dir.mkdir(exist_ok=True)
+        self.removed = remove_damaged_entries(self.inductor_dir)
+        if self.removed:
+            shown = ", ".join(str(path.relative_to(self.inductor_dir)) for path in self.removed[:3])
+            more = f" and {len(self.removed) - 3} more" if len(self.removed) > 3 else ""
+            say(f"compile cache {self.folder}: removed {len(self.removed)} damaged compiled "
+                f"entr{'y' if len(self.removed) == 1 else 'ies'} (truncated: {shown}{more}); they compile again")
         values = {"TORCHINDUCTOR_CACHE_DIR": str(self.inductor_dir), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
                   "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
         for name in CACHE_VARIABLES:
             self._previous[name] = os.environ.get(name)
             os.environ[name] = values[name]
         enable_compile_caches()
+        self._previous_headers = set_precompiled_header_dir(str(self.headers_dir))
         for path in sorted(self.artifacts_dir.glob("*.bin")):  # each xdist worker saved its own
             if path.is_file() and path.stat().st_size <= MAX_ARTIFACT_BYTES:
                 load_compile_artifacts(path.read_bytes())  # one torch cannot read is skipped
@@ -179,3 +249,6 @@ class CompileCache:
             else:
                 os.environ[name] = value
         self._previous = {}
+        if self._previous_headers is not None:
+            set_precompiled_header_dir(self._previous_headers)
+            self._previous_headers = None

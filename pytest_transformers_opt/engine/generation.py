@@ -2,7 +2,7 @@
 
 Every call is greedy and generates exactly ``max_new_tokens``: EOS never stops generation
 (``eos_token_id=-1``, accepted by ``generate`` and ``generate_batch`` alike), so both sides do the same
-work and greedy picks the raw argmax, the token the compared distributions rank first. Time to first token is read by a logits
+work (a run that returns another count fails its test: ``generated_all``) and greedy picks the raw argmax, the token the compared distributions rank first. Time to first token is read by a logits
 processor on its first call, after a device synchronisation, so it works for any batch size and
 for compiled models (the processor runs outside the compiled forward).
 """
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from ..compat import continuous_batching_manager
 from .measure import RoundTiming, now
 from .progress import long_work
+from .repeated_messages import said_once
 from ..techniques import RunEvidence
 
 if TYPE_CHECKING:
@@ -76,6 +77,21 @@ class GenerationRun:
     evidence: RunEvidence = field(default_factory=RunEvidence)
 
 
+def new_token_counts(tokens: list[list[int]]) -> str:
+    """The new tokens per sequence a run returned, as a phrase: \"8\", or \"2 to 8\" when rows differ."""
+    counts = sorted({len(row) for row in tokens})
+    if not counts:
+        return "no sequences"
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+
+
+def generated_all(tokens: list[list[int]], max_new_tokens: int) -> bool:
+    """Every sequence has exactly ``max_new_tokens`` new tokens: what every call here asks for, since EOS
+    never stops generation (a shorter or longer row is the configuration's doing, e.g. a technique's own
+    ``max_new_tokens`` or stopping criteria)."""
+    return bool(tokens) and all(len(row) == max_new_tokens for row in tokens)
+
+
 class _FirstTokenTimer:
     """A no-op logits processor that notes when the first token's scores exist."""
 
@@ -122,13 +138,22 @@ def _batches(items: list[Any], size: int) -> Iterator[list[Any]]:
 
 
 @contextlib.contextmanager
-def _technique_contexts(opt: "OptModel", evidence: RunEvidence | None = None) -> Iterator[None]:
-    """Enter every technique's ``observe`` context when ``evidence`` is to be recorded (a verified run),
-    then every ``around_generate`` context (backend flags, hooks, profilers)."""
+def _observers(opt: "OptModel", evidence: RunEvidence | None = None) -> Iterator[None]:
+    """Enter every technique's ``observe`` context when ``evidence`` is to be recorded (a verified run):
+    the plugin's own spies, outside the clock."""
     with contextlib.ExitStack() as stack:
         if evidence is not None:
             for technique in opt.techniques:
                 stack.enter_context(technique.observe(opt.model, evidence))
+        yield
+
+
+@contextlib.contextmanager
+def _around_generate(opt: "OptModel") -> Iterator[None]:
+    """Enter every technique's ``around_generate`` context (backend flags, hooks, profilers). Inside the
+    clock: it is part of the configuration's generate call as its user runs it, so work it does before
+    or after the call counts (``max_latency`` is the whole call's wall time)."""
+    with contextlib.ExitStack() as stack:
         for technique in opt.techniques:
             stack.enter_context(technique.around_generate(opt.model))
         yield
@@ -181,16 +206,18 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
         # outside the clock reads: the lines are written before ``start`` and after ``end``
         announce = (long_work(f"{'; '.join(first_call_work)} for [{', '.join(opt.labels)}]", detail="first generate call")
                     if first_call_work and not tokens else contextlib.nullcontext())
-        with announce, torch.inference_mode(), _technique_contexts(opt, evidence if observe else None):
+        # said_once: a message repeated on every step (bitsandbytes' 8-bit cast) is shown once per session
+        with announce, said_once(), torch.inference_mode(), _observers(opt, evidence if observe else None):
             start = now(device)
-            output = model.generate(**encoded, **kwargs)
+            with _around_generate(opt):
+                output = model.generate(**encoded, **kwargs)
             end = now(device)
         latencies.append(end - start)
         if timer.first_token_at is not None:
             ttfts.append(timer.first_token_at - start)
         new_tokens = output.sequences[:, encoded["input_ids"].shape[1] :]
         tokens.extend(new_tokens.tolist())
-        evidence.cache = output.get("past_key_values") if hasattr(output, "get") else getattr(output, "past_key_values", None)
+        evidence.cache = generated_cache(output)
         if keep_logits:
             steps = torch.stack(output.logits, dim=1).float().log_softmax(dim=-1).cpu()
             logprobs.extend(steps[i] for i in range(steps.shape[0]))
@@ -202,6 +229,13 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
     texts = tokenizer.batch_decode(tokens, skip_special_tokens=True)
     return GenerationRun(tokens=tokens, texts=texts, logprobs=logprobs if keep_logits else None, timing=timing,
                          evidence=evidence)
+
+
+def generated_cache(output: Any) -> Any:
+    """The cache a ``generate`` output holds: its field is ``cache`` since transformers 5.2x (reading the old
+    name ``past_key_values`` there logs a deprecation message), ``past_key_values`` before."""
+    name = "cache" if "cache" in getattr(output, "__dataclass_fields__", {}) else "past_key_values"
+    return getattr(output, name, None)
 
 
 class _DropPersistentManagerWarning(logging.Filter):
@@ -242,13 +276,13 @@ def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens
     # a manager left by an interrupted run would be reused, sized for its own workload
     model.destroy_cached_continuous_batching_manager()
     try:
-        with _technique_contexts(opt):
-            start = now(device)
+        start = now(device)
+        with _around_generate(opt):  # inside the clock, as in run_generation
             # persistent: the manager outlives the call, so its cache's bytes can be read (then freed below)
             outputs = model.generate_batch(inputs=inputs, generation_config=config,
                                            continuous_batching_config=cb_config, record_timestamps=True,
                                            progress_bar=False, persistent_manager=True)
-            end = now(device)
+        end = now(device)
         cache_bytes = _paged_cache_bytes(model)
     finally:
         manager = continuous_batching_manager(model)

@@ -103,6 +103,24 @@ def check_capacity(gpus_per_worker: int, visible: list[str], workers: int, sourc
         )
 
 
+def typed_on_command_line(source: str) -> bool:
+    """Whether the setting was typed for this run (an error when it cannot apply) rather than set project-wide
+    in the ini or the environment (then a note: the run goes on unpinned)."""
+    return source == OPTION_FLAG
+
+
+def unpinned_note(source: str, gpus_per_worker: int, visible: list[str], workers: int | None,
+                  env: Mapping[str, str]) -> str | None:
+    """Why a project-wide ``opt_gpus_per_worker`` does not apply to this run (too few GPUs for the workers),
+    or None when it does."""
+    needed = (workers or 1) * gpus_per_worker
+    if needed <= len(visible):
+        return None
+    run = f"-n {workers} needs {needed}" if workers else f"-n auto needs at least {gpus_per_worker}"
+    return (f"GPU pinning: {source}={gpus_per_worker} is not applied to this run ({run} GPU{'s' if needed > 1 else ''}; "
+            f"found: {len(visible)} ({describe_source(env)})); the workers share the device as without it")
+
+
 def assign_gpus(worker_id: str, gpus_per_worker: int, visible: list[str], workers: int,
                 source: str | None = None) -> list[str]:
     """The GPUs of worker ``gwI``: ``visible[I*G:(I+1)*G]``.
@@ -205,6 +223,8 @@ def pin_worker(config: Any, *, env: MutableMapping[str, str] | None = None,
     worker_id = str(workerinput.get("workerid", ""))
     workers = int(workerinput.get("workercount", 0) or 0)
     visible = visible_gpus(env, device_count)
+    if not typed_on_command_line(source) and unpinned_note(source, gpus_per_worker, visible, workers, env):
+        return None  # the controller said so in its header; this worker runs unpinned
     gpus = assign_gpus(worker_id, gpus_per_worker, visible, workers, describe_source(env))
     value = ",".join(gpus)
     if _cuda_initialised() and env.get(CUDA_VISIBLE_DEVICES) != value:
@@ -251,6 +271,10 @@ def plan_description(config: Any, *, env: Mapping[str, str] | None = None,
     if workers is None:
         return f"GPU pinning: {source}={gpus_per_worker} has no effect without pytest-xdist workers (-n K)"
     visible = visible_gpus(env, device_count)
+    if not typed_on_command_line(source):
+        note = unpinned_note(source, gpus_per_worker, visible, workers, env)
+        if note:
+            return note
     try:
         check_capacity(gpus_per_worker, visible, workers, describe_source(env))
     except OptConfigError as exc:
@@ -269,6 +293,8 @@ def auto_num_workers(config: Any, *, env: Mapping[str, str] | None = None,
     if gpus_per_worker is None:
         return None
     visible = visible_gpus(env, device_count)
+    if len(visible) < gpus_per_worker and not typed_on_command_line(source):
+        return None  # not applied (plan_description says so): xdist sizes -n auto as without it
     if len(visible) < gpus_per_worker:
         raise pytest.UsageError(f"{source}={gpus_per_worker} with -n auto needs at least {gpus_per_worker} "
                                 f"GPU{'s' if gpus_per_worker > 1 else ''}; found: {len(visible)} ({describe_source(env)})")

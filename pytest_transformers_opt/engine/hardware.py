@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ class HardwareInfo:
     clocks_mhz: dict[str, int] | None = None  # CUDA, from NVML: sm / memory now, and their maxima
     memory_bandwidth_bytes_s: float | None = None  # CUDA, peak: NVML bus width x max memory clock x 2
     cpu_count: int = field(default_factory=lambda: os.cpu_count() or 1)
+    cpu_threads: int | None = None  # torch's intra-op threads in this process (set by engine.cpu_threads)
     cpu_model: str = field(default_factory=lambda: cpu_model_name())
     python: str = field(default_factory=lambda: platform.python_version())
     platform: str = field(default_factory=platform.platform)
@@ -81,6 +83,7 @@ class HardwareInfo:
             "gpu_clocks_mhz": self.clocks_mhz,
             "gpu_memory_bandwidth_bytes_s": self.memory_bandwidth_bytes_s,
             "cpu_count": self.cpu_count,
+            "cpu_threads": self.cpu_threads,
             "cpu_model": self.cpu_model,
             "hardware": self.fingerprint,
             "versions": dict(self.versions),
@@ -163,8 +166,22 @@ def resolve_device(requested: str, cuda_count: int) -> str:
     return requested
 
 
+PROBE_ANNOUNCE_AFTER_S = 3.0  # a second or two on an idle machine (CUDA's start, NVML); minutes on a busy one
+
+
 def probe_hardware(requested_device: str = "auto") -> HardwareInfo:
-    """Probe torch, CUDA and the packages that techniques depend on. Loads no model."""
+    """Probe torch, CUDA and the packages that techniques depend on. Loads no model.
+
+    Announced on the terminal when it takes longer than ``PROBE_ANNOUNCE_AFTER_S``: it is the first work
+    of a session's first test, and importing torch too when nothing imported it before."""
+    from .progress import long_work
+
+    what = "probing the hardware" if "torch" in sys.modules else "importing torch and probing the hardware"
+    with long_work(what, detail=f"device {requested_device}, once per session", after_s=PROBE_ANNOUNCE_AFTER_S):
+        return _probe(requested_device)
+
+
+def _probe(requested_device: str) -> HardwareInfo:
     import torch
 
     versions = {name: package_version(name) for name in TRACKED_PACKAGES}

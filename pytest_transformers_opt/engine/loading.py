@@ -8,6 +8,7 @@ baseline and a ``static_cache`` test share one set of weights.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any, Callable, Iterable
 from ..compat import drop_compiled_forward, reset_compiled_graphs
 from ..errors import OptConfigError, OptLoadError, OptProofError
 from ..units import parse_dtype
-from .measure import release_memory, track_peak_memory
+from .measure import file_mappings, release_file_pages, release_memory, track_peak_memory
 from .model import LoadedModel, weights_fingerprint
 from .progress import long_work
 from ..techniques import LoadSettings, ProbeContext, Technique
@@ -102,8 +103,10 @@ def read_model_config(request: ModelRequest, path: str) -> Any:
 
     where = f"opt_model {request.name_or_path!r}"
     try:
-        return AutoConfig.from_pretrained(path, revision=request.revision, trust_remote_code=request.trust_remote_code,
-                                          **gguf_kwargs(request.from_pretrained_kwargs))
+        return parsed_once("config", path, request,
+                           lambda: AutoConfig.from_pretrained(path, revision=request.revision,
+                                                              trust_remote_code=request.trust_remote_code,
+                                                              **gguf_kwargs(request.from_pretrained_kwargs)))
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
             raise OptConfigError(
@@ -115,12 +118,37 @@ def read_model_config(request: ModelRequest, path: str) -> Any:
         raise OptConfigError(f"{where}: cannot read its config (offline, or not a model): {exc}") from exc
 
 
+# A GGUF file holds its config and tokenizer as metadata that transformers parses on every read (for a
+# 262k vocabulary, 70-140 s on a busy 2-core machine): each is parsed once per file version and process,
+# and every load gets its own copy (a test may change its tokenizer or config).
+_GGUF_PARSED: dict[tuple[Any, ...], Any] = {}
+GGUF_PARSE_ANNOUNCE_AFTER_S = 5.0
+
+
+def parsed_once(kind: str, path: str, request: ModelRequest, parse: Callable[[], Any]) -> Any:
+    """``parse()`` (the ``kind`` read from a GGUF checkpoint) once per file version, a copy each call;
+    not cached (``parse()`` each time) for other models, whose files read quickly."""
+    gguf_file = gguf_kwargs(request.from_pretrained_kwargs).get("gguf_file")
+    if not gguf_file:
+        return parse()
+    file = Path(path) / gguf_file
+    # a local file by its version; a hub file (transformers downloads it) by repository, name and revision
+    version = (str(file.resolve()), file.stat().st_size, file.stat().st_mtime_ns) if file.is_file() else (path, gguf_file)
+    key = (kind, *version, request.revision, request.trust_remote_code)
+    if key not in _GGUF_PARSED:
+        with long_work(f"reading the {kind} of {gguf_file}", after_s=GGUF_PARSE_ANNOUNCE_AFTER_S,
+                       detail="GGUF metadata; once per session, kept for every later load"):
+            _GGUF_PARSED[key] = parse()
+    return copy.deepcopy(_GGUF_PARSED[key])
+
+
 def load_tokenizer(path: str, request: ModelRequest) -> Any:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path, revision=request.revision,
-                                              trust_remote_code=request.trust_remote_code,
-                                              **gguf_kwargs(request.from_pretrained_kwargs))
+    tokenizer = parsed_once("tokenizer", path, request,
+                            lambda: AutoTokenizer.from_pretrained(path, revision=request.revision,
+                                                                  trust_remote_code=request.trust_remote_code,
+                                                                  **gguf_kwargs(request.from_pretrained_kwargs)))
     tokenizer.padding_side = "left"  # decoder-only generation pads on the left
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -199,7 +227,7 @@ def load_model(request: ModelRequest, path: str, load_techniques: list[Technique
     for technique in load_techniques:
         technique.configure_load(settings, ctx)
     settings.kwargs["device_map"] = {"": device}
-    weights_path = gguf_load_route(path, settings.kwargs)  # a GGUF: de-quantized, or its converted copy
+    weights_path = gguf_load_route(path, settings.kwargs)  # a GGUF: its converted copy, for every configuration
     labels = ", ".join(t.label() for t in load_techniques) or "as saved"
     # a tiny model loads in a second; a line only when this one takes long (big weights, a first
     # use of a quantization backend)
@@ -207,12 +235,15 @@ def load_model(request: ModelRequest, path: str, load_techniques: list[Technique
         tokenizer = load_tokenizer(path, request)
         prime_loader(device)
         start = time.perf_counter()
+        mapped_before = file_mappings() if device == "cpu" else {}
         with track_peak_memory(device) as reading:
             model = AutoModelForCausalLM.from_pretrained(weights_path, **settings.kwargs)
             detach_gguf_quantizer(model)  # before techniques see it: a plain dense model, not a quantized one
             model.eval()
             for technique in load_techniques:
                 technique.after_load(model)
+            if device == "cpu":  # the checkpoint pages the load read (to quantize them) but the model does not use
+                release_file_pages(mapped_before)
             # Weights whose dtype matches the checkpoint stay memory-mapped until touched: one forward
             # pass makes them resident, so the peak covers what generation will really hold.
             with torch.inference_mode():

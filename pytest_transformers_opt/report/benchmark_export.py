@@ -28,7 +28,6 @@ import pytest
 
 from ..compat import benchmark_storage
 from ..files import check_writable, write_atomic
-from .writer import REPORT_NOT_WRITTEN_STATUS, all_entries, describe_error, note_problem
 
 if TYPE_CHECKING:
     from ..session import OptSession
@@ -120,6 +119,8 @@ class BenchmarkExport:
     def entries(self) -> list[dict[str, Any]]:
         """Built once, at session end (every test, xdist workers' included, has reported by then)."""
         if self._entries is None:
+            from .writer import all_entries  # on use: the plugin's start-up loads no report stage
+
             self._entries = benchmark_entries(all_entries(self.session))
         return self._entries
 
@@ -137,6 +138,8 @@ class BenchmarkExport:
         try:
             self._write_where_it_wrote_none()
         except Exception as exc:
+            from .writer import REPORT_NOT_WRITTEN_STATUS, describe_error, note_problem
+
             note_problem(self.config, f"could not write the pytest-benchmark data: {describe_error(exc)}", True)
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = REPORT_NOT_WRITTEN_STATUS

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from ..errors import OptConfigError
 from ..units import format_bytes, format_duration, format_ratio, shown
 from ..verdict.stats import SIGNIFICANCE, mann_whitney_greater, min_p_value
-from .schema import load_report
+from .schema import load_report, read_notes
 
 
 @dataclass(frozen=True)
@@ -244,6 +244,19 @@ def _identity_differences(old_report: dict[str, Any], new_report: dict[str, Any]
     return reasons
 
 
+def _arguments_text(arguments: Any) -> str:
+    """``num_hidden_layers=1, trust_remote_code=True`` from a model's ``arguments``; ``none`` when empty."""
+    if not isinstance(arguments, dict) or not arguments:
+        return "none"
+    flat: dict[str, Any] = {}
+    for key, value in arguments.items():
+        if isinstance(value, dict):  # from_pretrained_kwargs: each keyword as written
+            flat.update({str(k): v for k, v in value.items()})
+        else:
+            flat[str(key)] = value
+    return ", ".join(f"{key}={value}" for key, value in sorted(flat.items()))
+
+
 _WORKLOAD_KEYS = ("num_prompts", "max_new_tokens", "batch_size", "input_tokens")
 
 
@@ -264,6 +277,11 @@ def _test_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     for key in ("name_or_path", "revision", "dtype"):
         if old_model.get(key) != new_model.get(key):
             reasons.append(f"different model: {key} {shown(old_model.get(key))} -> {shown(new_model.get(key))}")
+    # every other argument that changes the loaded model; none recorded is a plain model
+    old_arguments, new_arguments = old_model.get("arguments") or {}, new_model.get("arguments") or {}
+    if old_arguments != new_arguments:
+        reasons.append(f"different model: arguments {_arguments_text(old_arguments)} -> "
+                       f"{_arguments_text(new_arguments)}")
     old_work, new_work = old.get("workload") or {}, new.get("workload") or {}
     for key in _WORKLOAD_KEYS:
         if key == "input_tokens" and (key not in old_work or key not in new_work):
@@ -408,7 +426,9 @@ def _judge(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str,
             rule_text = f"Mann-Whitney p={p_value:.2g} on {rule.rounds[0]}+{rule.rounds[1]} rounds" if rule.rounds else ""
             if verdict == "ok" and (worse or better):
                 note = NOT_SIGNIFICANT
-                rule_text += f", {NOT_SIGNIFICANT}"
+                # only a possible regression is "within noise"; an improvement that did not reach
+                # significance says so in its own words
+                rule_text += f", {NOT_SIGNIFICANT}" if worse else f", {NOT_SIGNIFICANT} (an improvement)"
         else:
             rule_text = f"median rule: {rule.why}"
         detail += (f", ratio {format_ratio(ratio)}" if ratio is not None else "") + f", {rule_text}"
@@ -560,11 +580,40 @@ def _tests(count: int) -> str:
     return f"{count} test{'s' if count != 1 else ''}"
 
 
-def summarise(verdicts: dict[str, dict[str, Any]], against: str) -> list[str]:
-    """Terminal lines: each regressed test with what regressed; each timed figure whose medians moved past
-    the limit but not significantly (``within noise``); the tests the median rule judged, and why; the
-    reasons tests were not compared; the counts."""
-    lines: list[str] = []
+_REASONS_SHOWN = 3  # of a gate that judged nothing: the line stays readable
+
+JUDGED_VERDICTS: tuple[str, ...] = ("regressed", "improved", "ok")
+"""Verdicts that compared figures; ``new`` and ``not comparable`` rows judged nothing."""
+
+
+def nothing_judged(verdicts: dict[str, dict[str, Any]]) -> str | None:
+    """Why a gate judged no test at all (every row new or not comparable, or no row), or None when one was.
+
+    A gate that judged nothing must not pass: a run whose GPU changed, or whose measured tests all skip
+    now, would otherwise pass every threshold unseen."""
+    if any(result.get("verdict") in JUDGED_VERDICTS for result in verdicts.values()):
+        return None
+    if not verdicts:
+        return "the run has no test to compare"
+    reasons: dict[str, int] = {}
+    for result in verdicts.values():
+        if result.get("verdict") == "new":
+            reasons["not in the old report"] = reasons.get("not in the old report", 0) + 1
+            continue
+        for reason in [str(d) for d in result.get("details") or []][:1] or ["no reason given"]:
+            reasons[reason] = reasons.get(reason, 0) + 1
+    shown_reasons = [f"{_tests(count)}: {reason}" for reason, count in reasons.items()]
+    if len(shown_reasons) > _REASONS_SHOWN:
+        shown_reasons[_REASONS_SHOWN:] = [f"{len(shown_reasons) - _REASONS_SHOWN} more reasons"]
+    return f"no test could be judged ({'; '.join(shown_reasons)})"
+
+
+def summarise(verdicts: dict[str, dict[str, Any]], against: str, old: dict[str, Any] | None = None) -> list[str]:
+    """Terminal lines: what the reader ignored in the ``old`` report (written by another version); each
+    regressed test with what regressed; each timed figure whose medians moved past the limit towards worse
+    but not significantly (``within noise``); the tests the median rule judged, and why; the reasons tests
+    were not compared; the counts."""
+    lines: list[str] = [f"note: {note}" for note in read_notes(old)]
     counts = {verdict: 0 for verdict in VERDICTS}
     not_comparable: dict[str, int] = {}
     median_rule: dict[str, int] = {}

@@ -3,8 +3,13 @@
 A recorded run is ``DIR/<UTC time>[_<n>][-<commit>[-dirty]].json``: ``20261201T131500Z-1a2b3c4.json``.
 The time is the report's ``created`` (a second run in the same second gets ``_2``, ``_3``), the commit
 ``git rev-parse --short=7 HEAD`` of the checkout pytest ran in (none outside a checkout), ``-dirty`` when
-tracked files had changes. Names sort by time, so the folder lists oldest first. After each write the
-folder is pruned to the newest ``keep`` runs, and only files with such a name are ever deleted.
+tracked files had changes. Names sort by time, so the folder lists oldest first.
+
+Recording order is the names' order, with one exception: a name dated in the future (more than
+``FUTURE_TOLERANCE`` ahead of this machine's clock: a runner whose clock was ahead wrote it) is flagged and
+placed at the time its file was written, never after the runs recorded since. After each write the folder
+is pruned to ``keep`` runs by deleting only runs recorded before this one, oldest first: never a newer run
+(a concurrent session's, just written), never a name still being written, never a file without a history name.
 
 Reading goes through the one report reader (``schema.load_report``: the size, depth and count limits of
 ``files.read_json`` and the schema), so a crafted or broken file in the folder is left out and named,
@@ -13,6 +18,7 @@ never a broken report.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -34,7 +40,9 @@ DEFAULT_TREND_RUNS = 20
 GIT_TIMEOUT_S = 5.0
 GIT_FILE_BYTES = 4096  # .git/HEAD, a ref, a gitdir pointer: one line each (packed-refs: the JSON limit)
 _STAMP = "%Y%m%dT%H%M%SZ"
-_LABEL_TIME = "%m-%d %H:%M:%S"
+_LABEL_TIME = "%Y-%m-%d %H:%M:%S"  # with the year: a history spans New Year, and a clock set years ahead shows
+FUTURE_TOLERANCE = _dt.timedelta(minutes=5)  # runners' clocks disagree by seconds; further ahead is a wrong clock
+CLAIM_IN_PROGRESS = _dt.timedelta(minutes=10)  # an empty history file younger than this is a run being written
 NAME_PATTERN = re.compile(r"(?P<stamp>\d{8}T\d{6}Z)(?:_(?P<seq>[0-9]{1,6}))?"
                           r"(?:-(?P<commit>[0-9a-f]{7,40})(?P<dirty>-dirty)?)?\.json")
 _MAX_SEQ = 999
@@ -51,19 +59,26 @@ class RunName:
     seq: int = 1
     commit: str | None = None
     dirty: bool = False
+    future: bool = False  # dated after the folder was read (plus ``FUTURE_TOLERANCE``): the writer's clock was ahead
+    written: _dt.datetime | None = None  # the file's modification time, where recording order needs it
 
     @property
     def order(self) -> tuple[_dt.datetime, int, str]:
+        """Recording order: the name's time, or for a future-dated name the time its file was written."""
+        if self.future:
+            return self.written or _dt.datetime.min.replace(tzinfo=_dt.timezone.utc), self.seq, self.name
         return self.moment, self.seq, self.name
 
     def label(self) -> tuple[str, str]:
-        """The two lines under a chart's point: ``12-01 13:15:00`` and the commit (or ``no commit``)."""
+        """The two lines under a chart's point: ``2026-12-01 13:15:00`` and the commit (or ``no commit``)."""
         commit = (self.commit or "no commit") + ("+" if self.dirty else "")
-        return self.moment.strftime(_LABEL_TIME), commit
+        return self.moment.strftime(_LABEL_TIME) + (" (future)" if self.future else ""), commit
 
     def describe(self) -> str:
         """``2026-12-01 13:15:00 UTC, commit 1a2b3c4 (uncommitted changes)``."""
         text = self.moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+        if self.future:
+            text += " (a date in the future: the recording machine's clock was ahead)"
         if self.commit:
             text += f", commit {self.commit}" + (" (uncommitted changes)" if self.dirty else "")
         return text
@@ -82,13 +97,29 @@ def parse_name(name: str) -> RunName | None:
 
 
 def run_names(folder: str | os.PathLike[str]) -> list[RunName]:
-    """The recorded runs in ``folder``, oldest first (files with a history name only; none when it is missing)."""
+    """The recorded runs in ``folder`` in recording order, oldest first (files with a history name only; none
+    when it is missing). Names dated in the future are flagged and placed at the time they were written."""
     try:
         entries = list(os.scandir(folder))
     except FileNotFoundError:
         return []
-    names = [parse_name(entry.name) for entry in entries if not entry.is_dir(follow_symlinks=False)]
-    return sorted((name for name in names if name is not None), key=lambda name: name.order)
+    now = _dt.datetime.now(_dt.timezone.utc)
+    names = []
+    for entry in entries:
+        name = parse_name(entry.name) if not entry.is_dir(follow_symlinks=False) else None
+        if name is None:
+            continue
+        if name.moment > now + FUTURE_TOLERANCE:
+            name = dataclasses.replace(name, future=True, written=min(_written(entry.path) or now, now))
+        names.append(name)
+    return sorted(names, key=lambda name: name.order)
+
+
+def _written(path: str | os.PathLike[str]) -> _dt.datetime | None:
+    try:
+        return _dt.datetime.fromtimestamp(os.stat(path, follow_symlinks=False).st_mtime, _dt.timezone.utc)
+    except OSError:  # pruned by another session meanwhile
+        return None
 
 
 # ------------------------------------------------------------------------------------------ commit
@@ -161,6 +192,17 @@ class Recorded:
     path: Path
     held: int  # recorded runs in the folder after pruning
     pruned: int  # older runs deleted to stay within ``keep``
+    future: tuple[str, ...] = ()  # names in the folder dated in the future (a runner's clock was ahead)
+
+    @property
+    def note(self) -> str:
+        """What the terminal says about future-dated names (nothing when there are none)."""
+        if not self.future:
+            return ""
+        count = len(self.future)
+        return (f"; {count} run{'s' if count != 1 else ''} dated in the future (a runner's clock was ahead: "
+                f"{', '.join(self.future[:3])}{', ...' if count > 3 else ''}) "
+                f"{'are' if count != 1 else 'is'} ordered by when written, not as the newest")
 
 
 def _created(report: Mapping[str, Any]) -> _dt.datetime:
@@ -187,19 +229,31 @@ def _claim(folder: Path, moment: _dt.datetime, commit: str | None, dirty: bool) 
 
 
 def prune(folder: str | os.PathLike[str], keep: int, *, spare: Path | None = None) -> tuple[int, int]:
-    """Delete the oldest recorded runs past the newest ``keep`` (never ``spare``, the run just written, nor
-    any file without a history name); (runs left, runs deleted)."""
+    """Delete the oldest recorded runs past ``keep``, only among those recorded before ``spare`` (the run
+    just written; every run without one), never a run still being written nor a file without a history
+    name; (runs left, runs deleted). A run recorded after ``spare`` is a concurrent session's: its own
+    pruning counts it."""
     names = run_names(folder)
-    others = [name for name in names if spare is None or name.name != spare.name]
-    excess = len(names) - keep
+    position = next((n for n, name in enumerate(names) if spare is not None and name.name == spare.name), len(names))
+    now = _dt.datetime.now(_dt.timezone.utc)
+    older = [name for name in names[:position] if not _being_written(Path(folder) / name.name, now)]
     deleted = 0
-    for name in others[:max(0, excess)]:
+    for name in older[:max(0, len(names) - keep)]:
         try:
             os.unlink(Path(folder) / name.name)
             deleted += 1
         except FileNotFoundError:  # another session pruned it first
             deleted += 1
     return len(names) - deleted, deleted
+
+
+def _being_written(path: Path, now: _dt.datetime) -> bool:
+    """A name claimed (created empty) by a concurrent session that has not written its report yet."""
+    try:
+        stat = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.st_size == 0 and now - _dt.datetime.fromtimestamp(stat.st_mtime, _dt.timezone.utc) < CLAIM_IN_PROGRESS
 
 
 def record_run(folder: str | os.PathLike[str], report: Mapping[str, Any], keep: int,
@@ -219,7 +273,7 @@ def record_run(folder: str | os.PathLike[str], report: Mapping[str, Any], keep: 
         path.unlink(missing_ok=True)
         raise
     held, pruned = prune(target, keep, spare=path)
-    return Recorded(path, held, pruned)
+    return Recorded(path, held, pruned, tuple(name.name for name in run_names(target) if name.future))
 
 
 # ------------------------------------------------------------------------------------------ reading

@@ -667,16 +667,25 @@ def render_html(report: dict[str, Any], *, history: History | None = None) -> st
             f'<span class="pill {key}{" zero" if not counts[key] else ""}">{counts[key]} {key}</span>'
             for key in view.shown_counts(counts)) + "</div>",
     ]
-    note = view.budgets_mode_note(report)
-    if note:
-        out.append(f'<p class="note">{_e(note)}</p>')
+    for note in (view.budgets_mode_note(report), view.shard_settings_note(report)):
+        if note:
+            out.append(f'<p class="note">{_e(note)}</p>')
     out.append("</header>")
+    by_hardware = view.spans_hardware(report)  # a merged report: each per-test table says which hardware
+
+    shards = view.shard_rows(report)
+    if len(shards) > 1:
+        out.append('<section id="shards"><h2>Shards</h2>')
+        out.append(_html_table([header for _, header in view.SHARD_COLUMNS],
+                               ([row[key] for key, _ in view.SHARD_COLUMNS] for row in shards), cls="shards"))
+        out.append("</section>")
 
     budget_rows = view.failed_budget_rows(report)
     if budget_rows:
         with_note = any(row["note"] for row in budget_rows)
-        headers = ["Test", "Budget", "Measured", "Limit", "Source"] + (["Note"] if with_note else [])
-        keys = ["test", "budget", "measured", "limit", "source"] + (["note"] if with_note else [])
+        hardware = ["hardware"] if by_hardware else []
+        keys = ["test", *hardware, "budget", "measured", "limit", "source"] + (["note"] if with_note else [])
+        headers = [key.capitalize() for key in keys]
         out.append('<section id="failed-budgets"><h2>Failed budgets</h2>')
         out.append(_html_table(headers, ([row[k] or view.MISSING for k in keys] for row in budget_rows),
                                cls="failed-budgets"))
@@ -702,8 +711,9 @@ def render_html(report: dict[str, Any], *, history: History | None = None) -> st
     if estimates:
         out.append('<section id="estimates"><h2>Estimated figures (estimate)</h2>'
                    "<p>Not measured in this run; kept apart from the measured figures above.</p>")
-        out.append(_html_table(["Test", "Figure", "Value (estimate)"],
-                               ([r["test"], r["figure"], f"{r['value']} (estimate)"] for r in estimates)))
+        out.append(_html_table(["Test"] + (["Hardware"] if by_hardware else []) + ["Figure", "Value (estimate)"],
+                               ([r["test"], *([r["hardware"]] if by_hardware else []), r["figure"],
+                                 f"{r['value']} (estimate)"] for r in estimates)))
         out.append("</section>")
 
     compiled = view.compile_rows(report)
@@ -737,7 +747,7 @@ def render_html(report: dict[str, Any], *, history: History | None = None) -> st
         out.append('<section id="advice"><h2>Advice</h2><ul>' + "".join(f"<li>{_e(a)}</li>" for a in advice)
                    + "</ul></section>")
 
-    out.append("<details><summary>Environment</summary>")
+    out.append(f"<details><summary>{_e(view.environment_title(report))}</summary>")
     out.append(_html_table(["Item", "Value"], view.environment_rows(report), cls="environment"))
     out.append("</details>")
     out.append(f"<footer>pytest-transformers-opt report, schema {_e(report.get('schema'))} "

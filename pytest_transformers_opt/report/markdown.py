@@ -1,6 +1,7 @@
 """The report as Markdown: the text of ``--opt-report-md`` and of ``$GITHUB_STEP_SUMMARY``.
 
-Layout, top to bottom: a one-line summary; the failed budgets (test, budget, measured, limit);
+Layout, top to bottom: a one-line summary; for a merged report, its shards (each one's machine and
+settings, and a warning where they differ); the failed budgets (test, budget, measured, limit);
 the results table, one row per test, tests with failed budgets first; when the tests ran on two or more
 kinds of hardware (a merged report of shards), the hardware matrix; estimated figures in a
 section of their own (never in a column of measured ones); compile times with the compile cache's
@@ -17,9 +18,10 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .view import (MATRIX_INTRO, MISSING, advice_lines, budgets_mode_note, columns, compile_rows, context_text,
-                   environment_rows, estimate_rows, failed_budget_rows, hardware_matrices, one_line, problem_rows,
-                   skipped_groups, summary_text, table_rows)
+from .view import (MATRIX_INTRO, MISSING, SHARD_COLUMNS, advice_lines, budgets_mode_note, columns, compile_rows,
+                   context_text, environment_rows, environment_title, estimate_rows, failed_budget_rows,
+                   hardware_matrices, one_line, problem_rows, shard_rows, shard_settings_note, skipped_groups,
+                   spans_hardware, summary_text, table_rows)
 
 
 # --------------------------------------------------------------------------- markdown
@@ -63,19 +65,27 @@ def render_markdown(report: dict[str, Any]) -> str:
     """The report as GitHub-flavoured Markdown (a step summary or an issue's text)."""
     out: list[str] = ["## Optimization report", ""]
     out.append(f"**{summary_text(report)}**" + (f" · {md_text(context_text(report))}" if context_text(report) else ""))
-    note = budgets_mode_note(report)
-    if note:
-        out += ["", f"> {md_text(note)}"]
+    for note in (budgets_mode_note(report), shard_settings_note(report)):
+        if note:
+            out += ["", f"> {md_text(note)}"]
+    by_hardware = spans_hardware(report)  # a merged report: each per-test table says which hardware
+
+    shards = shard_rows(report)
+    if len(shards) > 1:
+        out += ["", "### Shards", ""]
+        out += _md_table([header for _, header in SHARD_COLUMNS],
+                         ([md_text(row[key]) for key, _ in SHARD_COLUMNS] for row in shards))
 
     budget_rows = failed_budget_rows(report)
     if budget_rows:
         out += ["", "### Failed budgets", ""]
         with_note = any(row["note"] for row in budget_rows)
-        headers = ["Test", "Budget", "Measured", "Limit", "Source"] + (["Note"] if with_note else [])
+        headers = (["Test"] + (["Hardware"] if by_hardware else []) + ["Budget", "Measured", "Limit", "Source"]
+                   + (["Note"] if with_note else []))
         cells = []
         for row in budget_rows:
-            cell = [md_code(row["test"], in_table=True), md_text(row["budget"]), md_text(row["measured"]),
-                    md_text(row["limit"]), md_text(row["source"])]
+            cell = [md_code(row["test"], in_table=True), *([md_text(row["hardware"])] if by_hardware else []),
+                    md_text(row["budget"]), md_text(row["measured"]), md_text(row["limit"]), md_text(row["source"])]
             if with_note:
                 cell.append(md_text(row["note"]) or MISSING)
             cells.append(cell)
@@ -105,9 +115,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += ["", "### Estimated figures (estimate)", "",
                 "Not measured in this run; kept apart from the measured figures above.", ""]
         out += _md_table(
-            ["Test", "Figure", "Value (estimate)"],
-            ([md_code(row["test"], in_table=True), md_text(row["figure"]), md_text(row["value"]) + " (estimate)"]
-             for row in estimates),
+            ["Test"] + (["Hardware"] if by_hardware else []) + ["Figure", "Value (estimate)"],
+            ([md_code(row["test"], in_table=True), *([md_text(row["hardware"])] if by_hardware else []),
+              md_text(row["figure"]), md_text(row["value"]) + " (estimate)"] for row in estimates),
         )
 
     compiled = compile_rows(report)
@@ -138,7 +148,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     if advice:
         out += ["", "### Advice", ""] + [f"- {md_text(line)}" for line in advice]
 
-    out += ["", "<details>", "<summary>Environment</summary>", ""]
+    out += ["", "<details>", f"<summary>{md_text(environment_title(report))}</summary>", ""]
     out += _md_table(["Item", "Value"], ([md_text(label), md_text(value)] for label, value in environment_rows(report)))
     out += ["", "</details>", ""]
     return "\n".join(out)

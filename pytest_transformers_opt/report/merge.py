@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +37,19 @@ class Shard:
     report: dict[str, Any]
 
 
-def load_shards(paths: list[str]) -> list[Shard]:
-    """Every input, read and schema-checked; the first bad one is an ``OptConfigError`` naming it."""
-    return [Shard(path, load_report(path, remedy=MERGE_REMEDY)) for path in paths]
+def load_shards(paths: list[str], notes: list[str] | None = None) -> list[Shard]:
+    """Every input, read and schema-checked; the first bad one is an ``OptConfigError`` naming it, and so is
+    a file given twice (before anything is read). What a reader ignored in a report written by another
+    version of the plugin is appended to ``notes``."""
+    given: dict[str, str] = {}
+    for path in paths:
+        same = os.path.realpath(os.path.expanduser(path))
+        if same in given:
+            twice = (f"the report {path!r} is given twice" if given[same] == path
+                     else f"{given[same]!r} and {path!r} are the same report")
+            raise OptConfigError(f"{twice}: give each report once (its tests would be merged with themselves)")
+        given[same] = path
+    return [Shard(path, load_report(path, remedy=MERGE_REMEDY, notes=notes)) for path in paths]
 
 
 def shard_hardware(test: dict[str, Any], environment: dict[str, Any]) -> str:

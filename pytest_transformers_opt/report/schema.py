@@ -7,6 +7,12 @@ built-in check of the fields that say what the document is. ``load_report`` read
 ``--opt-compare`` or ``pytest-opt advise --from-report`` was pointed at, and turns every way that can
 go wrong into one :class:`~pytest_transformers_opt.errors.OptConfigError` line that names the option,
 the file, the problem and what is accepted.
+
+Within one ``schema_version`` a reader accepts what every earlier version of the plugin wrote: renamed
+keys (``_RENAMED``) are read as today's, unknown keys are dropped, and an optional object that still
+does not fit is read as null, each with a note (``read_notes``); ``tests/data/reports/`` keeps a report
+of every layout. A change a reader cannot take that way bumps ``schema_version``, with a reader for the
+old one. ``report_text`` is the writers' side: no report is written that its readers would refuse.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from .. import files
 from ..errors import OptConfigError
-from ..files import read_json
+from ..files import JsonProblem, MAX_JSON_DEPTH, check_shape, read_json
 from ..units import shown
 
 REPORT_SCHEMA = "pytest-transformers-opt/report"
@@ -146,8 +153,112 @@ def reader_problem(report: Any) -> str | None:
     return None
 
 
+class ReadReport(dict[str, Any]):
+    """A report ``load_report`` read, with ``read_notes``: what it ignored or renamed in a report written by
+    another version of the plugin (same ``schema_version``), one line each."""
+
+    read_notes: list[str]
+
+
+def read_notes(report: Any) -> list[str]:
+    """What the reader ignored or renamed in ``report`` (see ``ReadReport``); [] for any other dict."""
+    return list(getattr(report, "read_notes", []))
+
+
+# Renamed fields of earlier layouts of schema_version 1, each read into today's: (where, old key, reader).
+def _rounds_decision_error_rate(decision: dict[str, Any]) -> None:
+    # one error rate for both errors (written before false_alarm_rate and miss_rate were told apart)
+    rate = decision.pop("error_rate")
+    decision.setdefault("false_alarm_rate", rate)
+    decision.setdefault("miss_rate", rate)
+
+
+_RENAMED: tuple[tuple[str, str, str, Any], ...] = (
+    ("rounds_decision", "error_rate", "false_alarm_rate and miss_rate", _rounds_decision_error_rate),
+)
+# Optional objects of a test row that a reader may drop (null) when an earlier layout's keys do not fit.
+_DROPPABLE = ("rounds_decision", "regression")
+
+
+def _general(path: Any) -> str:
+    """``tests[].rounds_decision.error_rate`` from a path: every row alike, so one note says it."""
+    text = "report"
+    for part in path:
+        text += "[]" if isinstance(part, int) else f".{part}"
+    return text
+
+
+def _at(report: Any, path: Any) -> Any:
+    for part in path:
+        report = report[part]
+    return report
+
+
+def _read_earlier_layouts(report: dict[str, Any]) -> list[str]:
+    """Make a report written by another version of the same ``schema_version`` readable, in place: renamed
+    keys read as today's, unknown keys dropped, an optional object whose keys do not fit dropped (null).
+    Returns one note per kind of change; what still does not fit is left for the schema check to refuse."""
+    try:
+        import jsonschema
+    except ImportError:  # the built-in check reads only what it needs: nothing to tolerate
+        return []
+    notes: dict[str, int] = {}
+    tests = report.get("tests")
+    for test in tests if isinstance(tests, list) else []:
+        for field, old_key, new_keys, read in _RENAMED:
+            part = test.get(field) if isinstance(test, dict) else None
+            if isinstance(part, dict) and old_key in part:
+                read(part)
+                note = f"read report.tests[].{field}.{old_key} (an earlier layout) as {new_keys}"
+                notes[note] = notes.get(note, 0) + 1
+    validator = jsonschema.Draft202012Validator(load_schema())
+    for _ in range(3):  # dropping a key can only uncover errors deeper in the same object
+        changed = False
+        for error in list(validator.iter_errors(report)):
+            path = list(error.absolute_path)
+            if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+                known = error.schema.get("properties", {})
+                container = _at(report, path)
+                for key in [k for k in container if k not in known]:
+                    del container[key]
+                    note = f"ignored {_general([*path, key])} (unknown to this version)"
+                    notes[note] = notes.get(note, 0) + 1
+                    changed = True
+                continue
+            for depth in range(len(path), 0, -1):  # the innermost droppable object holding the problem
+                if path[depth - 1] in _DROPPABLE and len(path) >= 2 and path[0] == "tests":
+                    parent = _at(report, path[:depth - 1])
+                    if parent.get(path[depth - 1]) is not None:
+                        parent[path[depth - 1]] = None
+                        note = f"ignored {_general(path[:depth])} ({error.message})"
+                        notes[note] = notes.get(note, 0) + 1
+                        changed = True
+                    break
+        if not changed:
+            break
+    return [note if count == 1 else f"{note}, in {count} places" for note, count in notes.items()]
+
+
+def report_text(report: dict[str, Any]) -> str:
+    """The file text of a report the plugin writes; ``ValueError`` saying why when its own reader would refuse
+    it (over ``files.MAX_REPORT_BYTES`` or ``files.MAX_REPORT_ITEMS``): nothing the plugin writes is refused
+    when it reads it back."""
+    try:
+        check_shape(report, MAX_JSON_DEPTH, files.MAX_REPORT_ITEMS)
+    except JsonProblem as exc:
+        held = str(exc).removeprefix("cannot be used: ")
+        raise ValueError(f"a report reader would refuse this report ({held}); nothing written: split the run (or "
+                         f"the merge) into smaller reports") from None
+    text = json.dumps(report, indent=2, allow_nan=False) + "\n"
+    size = len(text.encode("utf-8"))
+    if size > files.MAX_REPORT_BYTES:
+        raise ValueError(f"the report would be {size} bytes, over the limit of {files.MAX_REPORT_BYTES} bytes a "
+                         f"report reader accepts; nothing written: split the run (or the merge) into smaller reports")
+    return text
+
+
 def load_report(path: str | os.PathLike[str], *, source: str | None = None, remedy: str | None = None,
-                full_schema: bool = True) -> dict[str, Any]:
+                full_schema: bool = True, notes: list[str] | None = None) -> dict[str, Any]:
     """Read and check a JSON report written by ``--opt-report-json``: the one reader of report files.
 
     Every problem is one :class:`OptConfigError` line, ``<source>: <what is wrong with the report
@@ -160,15 +271,24 @@ def load_report(path: str | os.PathLike[str], *, source: str | None = None, reme
     where = os.fspath(path)
     prefix = f"{source}: " if source else ""
     suffix = f"; {remedy}" if remedy else ""
-    report = read_json(where, what="the report", source=source, remedy=remedy)
+    report = read_json(where, what="the report", source=source, remedy=remedy, max_bytes=files.MAX_REPORT_BYTES,
+                       max_items=files.MAX_REPORT_ITEMS)
     problem = _identity_problem(report) if full_schema else reader_problem(report)
+    ignored: list[str] = []
     if problem is None and full_schema:
         try:
-            validate_report(report)
+            try:
+                validate_report(report)
+            except ValueError:  # perhaps an earlier layout: read it as one, then check again
+                ignored = _read_earlier_layouts(report)
+                validate_report(report)
         except ValueError as exc:  # one line: a usage error is read on one line
             head, *problems = str(exc).splitlines()
             problem = " ".join([head, "; ".join(line.strip(" -") for line in problems)]).strip()
     if problem is not None:
         raise OptConfigError(f"{prefix}the report {where!r} cannot be used: {problem}{suffix}")
-    checked: dict[str, Any] = report
+    checked = ReadReport(report)
+    checked.read_notes = [f"{prefix}the report {where!r}: {note}" for note in ignored]
+    if notes is not None:
+        notes += checked.read_notes
     return checked

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..units import clip, failure_reason, format_bytes, format_duration, format_ratio
+from ..units import failure_reason, format_bytes, format_duration, format_ratio, shorten
 from ..verdict.results import NO_DIFFERENCE
 from .compare import row_hardware
 
@@ -413,7 +413,7 @@ def matrix_outcome_text(test: Mapping[str, Any]) -> str:
     budgets = failed_budget_names(test)
     if budgets and text == "failed":
         text = f"failed budgets: {', '.join(budgets)}"
-    return clip(text, MATRIX_REASON_CHARS)
+    return shorten(text, MATRIX_REASON_CHARS)  # keeps the part that names the offending value
 
 
 def hardware_matrices(report: Mapping[str, Any]) -> list[HardwareMatrix]:
@@ -512,8 +512,13 @@ def compile_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
+def spans_hardware(report: Mapping[str, Any]) -> bool:
+    """The report's rows ran on more than one hardware (a merged report): every per-test table says which."""
+    return len(report_hardware(report)) > 1
+
+
 def failed_budget_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
-    """One row per failed budget: test, budget, measured, limit, source, note."""
+    """One row per failed budget: test, hardware, budget, measured, limit, source, note."""
     rows = []
     for test in sort_tests(_tests(report)):
         budgets = {str(b.get("name")): b for b in test.get("budgets") or [] if isinstance(b, dict)}
@@ -521,6 +526,7 @@ def failed_budget_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
             budget = budgets.get(name, {})
             rows.append({
                 "test": str(test.get("nodeid")),
+                "hardware": hardware_of(test, report),
                 "budget": name,
                 "measured": format_budget_value(name, budget.get("measured")),
                 "limit": format_budget_value(name, budget.get("limit")),
@@ -556,7 +562,8 @@ def estimate_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
         if not isinstance(estimates, dict):
             continue
         for name, value in estimates.items():
-            rows.append({"test": str(test.get("nodeid")), "figure": ESTIMATE_LABELS.get(str(name), str(name)), "value": format_estimate(name, value)})
+            rows.append({"test": str(test.get("nodeid")), "hardware": hardware_of(test, report),
+                         "figure": ESTIMATE_LABELS.get(str(name), str(name)), "value": format_estimate(name, value)})
     return rows
 
 
@@ -612,7 +619,7 @@ def environment_rows(report: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 COUNTED = ("passed", "failed", "skipped", "error")  # always shown
-COUNTED_WHEN_ANY = ("xfailed", "xpassed")  # shown when a test had that outcome
+COUNTED_WHEN_ANY = ("xfailed", "xpassed", "rerun")  # shown when a test had that outcome (rerun: pytest-rerunfailures)
 
 
 def shown_counts(counts: Mapping[str, int]) -> list[str]:
@@ -640,11 +647,92 @@ def summary_text(report: Mapping[str, Any]) -> str:
     return ", ".join(f"{counts[key]} {key}" for key in shown_counts(counts))
 
 
+def _shards(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The entries of a merged report's ``shards`` (objects only); [] for one run's report."""
+    shards = report.get("shards")
+    return [shard for shard in shards if isinstance(shard, dict)] if isinstance(shards, list) else []
+
+
+def _rounds_text(settings: Mapping[str, Any]) -> str:
+    rounds, cap = settings.get("rounds"), settings.get("max_rounds")
+    return MISSING if rounds is None else f"{rounds}..{cap}" if cap else str(rounds)
+
+
+def _machine_text(environment: Mapping[str, Any]) -> str:
+    """``cuda:0 (NVIDIA H200)``, or the fingerprint (``CPU: ...``) where the device alone says little."""
+    device = str(environment.get("device") or MISSING)
+    if environment.get("gpu_name"):
+        return f"{device} ({one_line(str(environment['gpu_name']))})"
+    hardware = environment.get("hardware") or environment.get("cpu_model")
+    return f"{device} ({one_line(str(hardware))})" if hardware else device
+
+
+# (label, text of a shard's settings) of what a merged report's shards may have run with differently.
+SHARD_SETTINGS: tuple[tuple[str, Callable[[Mapping[str, Any]], str]], ...] = (
+    ("budgets", lambda settings: str(settings.get("budgets_mode") or MISSING)),
+    ("rounds", _rounds_text),
+    ("warm-up", lambda settings: _plain_value("warmup", settings.get("warmup"))),
+    ("device option", lambda settings: _plain_value("device", settings.get("device"))),
+    ("default model", lambda settings: _plain_value("default_model", settings.get("default_model"))),
+)
+
+
+# (key of a shard_rows row, header) of the Shards table.
+SHARD_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("source", "Source"), ("created", "Created"), ("machine", "Machine"), ("budgets", "Budgets"),
+    ("rounds", "Rounds"), ("warm-up", "Warm-up"), ("device option", "Device option"),
+    ("default model", "Default model"), ("summary", "Tests"))
+
+
+def shard_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
+    """A merged report's shards, one row each: source, created, machine, each of ``SHARD_SETTINGS``, outcomes."""
+    rows = []
+    for shard in _shards(report):
+        settings, environment = _part(shard, "settings"), _part(shard, "environment")
+        row = {"source": one_line(str(shard.get("source") or MISSING)), "created": format_created(shard.get("created")),
+               "machine": _machine_text(environment), "summary": summary_text(shard)}
+        row.update({label: text(settings) for label, text in SHARD_SETTINGS})
+        rows.append(row)
+    return rows
+
+
+def environment_title(report: Mapping[str, Any]) -> str:
+    """The environment block's title: a merged report's top-level environment is its first shard's."""
+    rows = shard_rows(report)
+    return f"Environment of the first shard ({rows[0]['source']}; see Shards)" if len(rows) > 1 else "Environment"
+
+
+def shard_settings_note(report: Mapping[str, Any]) -> str | None:
+    """A warning when a merged report's shards ran with different settings (their figures and verdicts are not
+    alike: one shard's budgets off, another's 20 rounds), naming each value and the shards that used it."""
+    rows = shard_rows(report)
+    differing = []
+    for label, _ in SHARD_SETTINGS:
+        values: dict[str, list[str]] = {}
+        for row in rows:
+            values.setdefault(row[label], []).append(row["source"])
+        if len(values) > 1:
+            differing.append(f"{label} " + " / ".join(f"{value} ({', '.join(sources)})"
+                                                      for value, sources in values.items()))
+    if not differing:
+        return None
+    return ("The shards ran with different settings: " + "; ".join(differing)
+            + ". Their figures and verdicts are not alike.")
+
+
 def context_text(report: Mapping[str, Any]) -> str:
-    """``2026-11-29 20:00 UTC · cuda:0 (NVIDIA H200) · budgets: enforce``."""
+    """``2026-11-29 20:00 UTC · cuda:0 (NVIDIA H200) · budgets: enforce``; for a merged report, its shards'
+    count and machines, and the budgets mode only when every shard had the same."""
     env = _part(report, "environment")
     settings = _part(report, "settings")
     parts = [format_created(report.get("created"))]
+    rows = shard_rows(report)
+    if len(rows) > 1:
+        machines = list(dict.fromkeys(row["machine"] for row in rows))
+        parts.append(f"{len(rows)} shards on {', '.join(machines)}")
+        modes = {row["budgets"] for row in rows}
+        parts.append(f"budgets: {modes.pop()}" if len(modes) == 1 else "budgets: differ per shard")
+        return " · ".join(part for part in parts if part != MISSING)
     device = str(env.get("device") or settings.get("device") or MISSING)
     if env.get("gpu_name"):
         device += f" ({env['gpu_name']})"
@@ -655,6 +743,8 @@ def context_text(report: Mapping[str, Any]) -> str:
 
 
 def budgets_mode_note(report: Mapping[str, Any]) -> str | None:
+    if len({row["budgets"] for row in shard_rows(report)}) > 1:
+        return None  # the shards' modes differ: shard_settings_note names each
     settings = _part(report, "settings")
     mode = settings.get("budgets_mode")
     if mode == "warn":

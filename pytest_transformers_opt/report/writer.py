@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import pytest
 
 from ..files import JSON_INT_LIMIT, MAX_JSON_DEPTH, write_atomic  # the reader's bounds, so what is written reads back
-from ..verdict.results import CALL_SUFFIX, call_nodeid
+from ..verdict.results import CALL_SUFFIX, call_nodeid, report_model_identity
 from ..units import failure_reason, format_duration
-from .schema import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, validate_report
+from .schema import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, report_text, validate_report
 from .view import compile_cache_text, format_memory, format_percent, format_rate, terminal_table
 
 if TYPE_CHECKING:
@@ -114,10 +114,11 @@ def entries_of(record: "TestRecord") -> list[dict[str, Any]]:
     }
     if record.plan is not None:
         plan = record.plan
-        base["model"] = {"name_or_path": plan.marked.model.name_or_path, "revision": plan.marked.model.revision,
-                         "dtype": plan.probe_context.dtype}
+        base["model"] = report_model_identity(plan.marked.model, plan.probe_context.dtype)
         base["techniques"] = list(plan.declared)
         base["baseline_techniques"] = plan.baseline.labels
+    if record.attempts > 1:  # pytest-rerunfailures: the row is the last attempt's
+        base["attempts"] = record.attempts
     if len(record.results) <= 1:
         return [_clean({**base, **(_result_dict(record, record.results[0]) if record.results else {})})]
     return [_clean({**base, **_result_dict(record, result), "nodeid": call_nodeid(record.nodeid, call), "call": call})
@@ -143,10 +144,17 @@ def all_entries(session: "OptSession") -> list[dict[str, Any]]:
 
 
 def count_outcomes(tests: list[dict[str, Any]]) -> dict[str, int]:
-    """The report's ``summary``: tests per outcome (passed, failed, skipped and error always present)."""
+    """The report's ``summary``: tests per outcome (passed, failed, skipped and error always present), and
+    ``rerun``, as pytest counts them, when pytest-rerunfailures ran any test again (a test's rows after its
+    first opt_bench call repeat its attempts)."""
     summary = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    reruns = 0
     for entry in tests:
         summary[entry["outcome"]] = summary.get(entry["outcome"], 0) + 1
+        if entry.get("call", 1) == 1:
+            reruns += entry.get("attempts", 1) - 1
+    if reruns:
+        summary["rerun"] = reruns
     return summary
 
 
@@ -351,12 +359,12 @@ class ReportWriter:
         """--opt-compare: a regression verdict per test, kept on the report and summarised for the terminal."""
         if self.settings.compare_report is None or self.settings.compare is None:
             return
-        from .compare import attach_verdicts, compare_reports, summarise
+        from .compare import attach_verdicts, compare_reports, nothing_judged, summarise
 
         against = f"{self.settings.sources.get('compare', '--opt-compare')}={self.settings.compare}"
         try:
             verdicts = compare_reports(self.settings.compare_report, report, self.settings.compare_thresholds)
-            lines = summarise(verdicts, self.settings.compare)
+            lines = summarise(verdicts, self.settings.compare, self.settings.compare_report)
         except Exception as exc:  # a gate that cannot judge must not pass silently
             self._problem(f"{against}: could not compare the reports: {describe_error(exc)}",
                           fails_run=bool(self.settings.compare_thresholds))
@@ -364,10 +372,13 @@ class ReportWriter:
         attach_verdicts(report, verdicts)
         self.end.compare_lines = ["", *lines]
         regressed = sum(v.get("verdict") == "regressed" for v in verdicts.values())
+        gate = f"{self.settings.sources.get('compare_fail', '--opt-compare-fail')}={self.settings.compare_fail}"
+        unjudged = nothing_judged(verdicts) if self.settings.compare_thresholds else None
         if regressed and self.settings.compare_thresholds:
-            gate = f"{self.settings.sources.get('compare_fail', '--opt-compare-fail')}={self.settings.compare_fail}"
             self.end.regression_line = (f"{PREFIX}{regressed} test{'s' if regressed != 1 else ''} regressed past "
                                         f"{gate} against {against}: the run fails")
+        elif unjudged is not None:  # a gate that judged nothing does not pass
+            self.end.regression_line = f"{PREFIX}{gate} against {against}: {unjudged}: the run fails"
 
     def _extra(self, report: dict[str, Any]) -> dict[str, Any]:
         """The ``pytest_opt_report_extra`` hook, then one JSON-safe document (see ``_clean``).
@@ -460,8 +471,7 @@ class ReportWriter:
         summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
         recorded = self._record_history(report)
         if "report_json" in labels:
-            self._write(labels["report_json"], lambda: write_atomic(
-                paths["report_json"], json.dumps(report, indent=2, allow_nan=False) + "\n"))
+            self._write(labels["report_json"], lambda: write_atomic(paths["report_json"], report_text(report)))
         if "report_md" in labels or summary_path:
             rendered: list[str] = []
 
@@ -505,7 +515,7 @@ class ReportWriter:
         pruned = f", {recorded.pruned} older pruned" if recorded.pruned else ""
         self.end.history_line = (f"{PREFIX}run recorded in {recorded.path}; the history holds {recorded.held} "
                                  f"run{'s' if recorded.held != 1 else ''} (keeps the last "
-                                 f"{self.settings.history_keep}{pruned})")
+                                 f"{self.settings.history_keep}{pruned}){recorded.note}")
         return recorded.path
 
     def _trend_history(self, report: dict[str, Any], recorded: Path | None) -> History | None:

@@ -19,7 +19,6 @@ from .base import (
     TechniqueSpec,
     check_stack,
 )
-from .catalogue import BUILTIN_TECHNIQUES
 
 __all__ = [
     "Technique", "TechniqueSpec", "TechniqueRegistry", "ProbeContext", "LoadSettings", "GenerationSettings",
@@ -32,6 +31,8 @@ __all__ = [
 
 def build_registry() -> TechniqueRegistry:
     """A registry holding the built-in catalogue (the plugin then lets conftests add theirs)."""
+    from .catalogue import BUILTIN_TECHNIQUES  # on first use: the plugin's start-up imports only base
+
     registry = TechniqueRegistry()
     for technique_class in BUILTIN_TECHNIQUES:
         registry.register(technique_class, origin="built-in")

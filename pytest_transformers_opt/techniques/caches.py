@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from ..compat import module_available
+from ..compat import attention_layer_types, layer_kinds_outside, module_available
 from ..errors import OptConfigError
 from .base import (
     DOCS,
@@ -62,9 +62,13 @@ class SlidingWindowCache(CacheTechnique):
         if ctx.model_config is None:  # catalogue listing: depends on the model
             return None
         window = getattr(ctx.model_config, "sliding_window", None)
+        arch = getattr(ctx.model_config, "model_type", "unknown")
         if not window:
-            arch = getattr(ctx.model_config, "model_type", "unknown")
             return f"sliding_window_cache needs a model with sliding-window attention (config.sliding_window); found: {arch} without one"
+        kinds = attention_layer_types(ctx.model_config) or []
+        if kinds and "sliding_attention" not in kinds:  # a window set, but layer_types gives it to no layer
+            return (f"sliding_window_cache needs a model with sliding-window attention layers; found: {arch} "
+                    f"with config.sliding_window={window} but layer_types {sorted(set(kinds))}")
         return None
 
     def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
@@ -128,6 +132,11 @@ class QuantizedCacheTechnique(CacheTechnique):
         module, package = self.backends[self.params["backend"]]
         if not module_available(module):
             return f"{self.label()} needs the {package} package; found: not installed"
+        # transformers' QuantizedCache refuses every layer kind but full attention (Gemma 3, GPT-OSS and
+        # Mistral's sliding windows): unsupported here, known from the config before anything loads
+        others = layer_kinds_outside(ctx.model_config, {"full_attention"})
+        if others:
+            return f"{self.label()} needs a model whose layers all use full attention (transformers' QuantizedCache); found: {others}"
         return None
 
     def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:

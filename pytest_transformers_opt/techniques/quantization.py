@@ -121,6 +121,15 @@ class HqqFourBit(_ModuleQuantization):
     docs = f"{DOCS}/quantization/hqq"
     docs_title = "Quantization > HQQ"
 
+    requirement = "the hqq package and a CUDA GPU (transformers' HQQ integration refuses a cpu device_map)"
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        missing = super().probe(ctx)
+        if missing is None and not ctx.hardware.is_cuda:
+            return (f"{self.name} needs a CUDA GPU (transformers' HQQ integration refuses a cpu or disk device_map); "
+                    f"found: {ctx.hardware.describe()}")
+        return missing
+
     def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
         from transformers import HqqConfig
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..compat import continuous_batching_layer_kinds, layer_kinds_outside
 from ..errors import OptConfigError
 from .base import DOCS, GenerationSettings, ProbeContext, RunEvidence, Technique
 from .caches import CacheTechnique
@@ -73,6 +74,11 @@ class ContinuousBatching(Technique):
             from transformers.generation import ContinuousBatchingConfig  # noqa: F401
         except ImportError:
             return f"continuous_batching needs transformers with ContinuousBatchingConfig; found: transformers {ctx.hardware.version('transformers')}"
+        supported = continuous_batching_layer_kinds()
+        others = layer_kinds_outside(ctx.model_config, supported)
+        if others:  # e.g. chunked or linear attention: its paged cache has no allocator for them
+            return (f"continuous_batching needs a model whose layers are {' or '.join(sorted(supported))} (its paged "
+                    f"cache has no other); found: {others}")
         return None
 
     def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:

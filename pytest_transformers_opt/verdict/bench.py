@@ -10,7 +10,6 @@ alternating which side goes first so neither always runs on a warmer cache.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +23,13 @@ from .budgets import BORDERLINE, SPEED_BUDGETS, check_budgets, format_checks
 from .decode_efficiency import decode_estimates
 from ..compat import compiled_graph_count
 from ..errors import OptConfigError, OptProofError
-from ..engine.generation import GenerationRun, run_generation
+from ..engine.generation import GenerationRun, generated_all, new_token_counts, run_generation
 from ..engine.loading import ModelRequest
-from ..engine.model import OptModel
-from ..engine.measure import PeakReading, Timings, track_peak_memory
+from ..engine.model import LoadedModel, OptModel
+from ..engine.measure import PeakReading, Timings, load_transient_note, track_peak_memory
 from ..engine.progress import Work, long_work
-from .results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload
-from .sequential import RoundsDecision, keep_going, parse_rounds
+from .results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload, model_arguments, report_model_identity
+from .sequential import MAX_WARMUP, RoundsDecision, keep_going, parse_rounds
 from .similarity import compare_runs, diverged, forced_run_note
 from ..units import parse_non_negative_int, shown
 
@@ -39,7 +38,6 @@ if TYPE_CHECKING:
     from ..session import OptSession
 
 DEFAULT_MAX_NEW_TOKENS = 24
-MAX_WARMUP = 100  # warm-up rounds per side
 MAX_NEW_TOKENS = 2**20  # the bound for a model whose config names no max_position_embeddings
 
 
@@ -136,6 +134,22 @@ def _max_positions(opt: OptModel) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def check_length(run: GenerationRun, side: str, labels: list[str], workload: Workload,
+                 other: str | None = None) -> None:
+    """Fail the test when ``side``'s run did not generate exactly ``max_new_tokens`` per sequence: speed,
+    throughput and similarity over fewer tokens than the other side's compare different work.
+    ``other`` names the other side's count where it ran (e.g. "the baseline [eager] returned 8")."""
+    if generated_all(run.tokens, workload.max_new_tokens):
+        return
+    against = f"; {other}" if other else ""
+    raise OptProofError(
+        f"{side} generation with [{', '.join(labels)}] returned {new_token_counts(run.tokens)} new tokens per sequence, "
+        f"not the {workload.max_new_tokens} asked for (max_new_tokens={workload.max_new_tokens}{against}): both "
+        f"sides must generate exactly max_new_tokens (EOS never stops generation here), so a different count "
+        f"is the configuration's doing (its own max_new_tokens, eos_token_id, stopping criteria or generate "
+        f"wrapper), and speed or similarity over different work would compare nothing")
+
+
 def _reference_run(session: "OptSession", base: OptModel, workload: Workload) -> tuple[GenerationRun, PeakReading]:
     """The baseline's tokens, distributions and generation memory: once per (model, workload)."""
     key = (base.loaded.key, repr(sorted(base.generation.kwargs.items())), workload.key())
@@ -143,24 +157,28 @@ def _reference_run(session: "OptSession", base: OptModel, workload: Workload) ->
         with track_peak_memory(base.device) as reading:
             run = run_generation(base, workload.prompts, workload.max_new_tokens, batch_size=workload.batch_size,
                                  keep_logits=True)
+        check_length(run, "baseline", base.labels, workload)
         session.reference_runs[key] = (run, reading)
         session.reference_run_count += 1
     return session.reference_runs[key]
 
 
 def _peak(opt: OptModel, generation: PeakReading) -> int | None:
-    """Peak of the configuration: the larger of loading and (resident weights + generation peak)."""
-    load_peak = opt.loaded.load_peak_bytes
-    if generation.peak_delta_bytes is None:
-        return load_peak
-    resident = opt.loaded.resident_bytes or 0
-    return max(load_peak or 0, resident + generation.peak_delta_bytes)
+    """Peak of the configuration as it runs: its resident weights + its generation peak. The load's own
+    transient (``load_peak_bytes``) is reported apart: with it in the ratio, a ratio would measure the
+    loader and the order of loads, not the technique (max_memory still checks both)."""
+    if generation.peak_delta_bytes is None or opt.loaded.resident_bytes is None:
+        return opt.loaded.load_peak_bytes
+    return opt.loaded.resident_bytes + generation.peak_delta_bytes
 
 
 def _side(timings: Timings, *, peak: int | None, load_time: float | None, texts: list[str],
           memory: PeakReading | None = None, memory_method: str = "", compile_time: float | None = None,
-          recompiles: int | None = None) -> SideMetrics:
+          recompiles: int | None = None, loaded: LoadedModel | None = None) -> SideMetrics:
     return SideMetrics(
+        load_peak_bytes=loaded.load_peak_bytes if loaded else None,
+        resident_bytes=loaded.resident_bytes if loaded else None,
+        generation_peak_bytes=memory.peak_delta_bytes if memory else None,
         ttft_s=timings.ttft_s, tpot_s=timings.tpot_s, latency_s=timings.latency_s,
         throughput_tok_s=timings.throughput_tok_s, peak_memory_bytes=peak, load_time_s=load_time,
         compile_time_s=compile_time, tokens_generated=timings.tokens, texts=texts, rounds=len(timings.rounds),
@@ -186,18 +204,7 @@ def model_key_extra(request: ModelRequest) -> dict[str, Any] | None:
     """What else decides the loaded model, for the stored baseline's key: every ``opt_model`` argument
     beyond name, revision and dtype that is not its default (``num_hidden_layers=1``,
     ``trust_remote_code``, ``gguf_file`` ...). None for a plain model, so its key stays as it was."""
-    extra: dict[str, Any] = {}
-    for spec in dataclasses.fields(request):
-        if spec.name in ("name_or_path", "revision", "dtype", "origin"):
-            continue
-        value = getattr(request, spec.name)
-        if value == spec.default or value in ((), None):
-            continue
-        if spec.name == "from_pretrained_kwargs":
-            extra[spec.name] = {str(k): repr(v) for k, v in value}  # repr: as ModelRequest.identity()
-        else:
-            extra[spec.name] = value if isinstance(value, (bool, int, float, str)) else repr(value)
-    return extra or None
+    return model_arguments(request)  # the report's model identity holds the same (results.report_model_identity)
 
 
 def _stored_context(session: "OptSession", plan: "TestPlan", workload: Workload) -> StoredContext | None:
@@ -257,15 +264,22 @@ def run_bench(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Op
 def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], OptModel], opt: OptModel,
              workload: Workload, work: Work) -> Measurement:
     def once(side: OptModel, **kwargs: Any) -> GenerationRun:
+        which = "optimized" if side is opt else "baseline"
         try:
-            return run_generation(side, workload.prompts, workload.max_new_tokens, batch_size=workload.batch_size,
-                                  **kwargs)
+            run = run_generation(side, workload.prompts, workload.max_new_tokens, batch_size=workload.batch_size,
+                                 **kwargs)
         except (OptConfigError, OptProofError):
             raise
         except Exception as exc:
-            which = "optimized" if side is opt else "baseline"
             raise RuntimeError(f"{which} generation with [{', '.join(side.labels)}] raised "
                                f"{type(exc).__name__}: {exc}") from exc
+        counts[which] = new_token_counts(run.tokens)
+        other_side, other = ("baseline", base) if side is opt else ("optimized", opt)
+        check_length(run, which, side.labels, workload, other=None if other is None or other_side not in counts else
+                     f"the {other_side} [{', '.join(other.labels)}] returned {counts[other_side]}")
+        return run
+
+    counts: dict[str, str] = {}  # side -> new tokens per sequence of its latest run
 
     notes: list[str] = []
     stored_ctx = _stored_context(session, plan, workload)
@@ -284,11 +298,11 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
 
     def warm_both() -> tuple[float, ...]:
         work.status = f"warm-up round {len(opt_timings.warmup_s) + 1}"
-        seconds = [once(opt).timing.total_s]
+        # the baseline first, so a wrong token count on the optimized side is told against the baseline's
+        seconds = [once(base).timing.total_s] if base is not None else []
+        base_timings.warmup_s.extend(seconds)
+        seconds.insert(0, once(opt).timing.total_s)
         opt_timings.warmup_s.append(seconds[0])
-        if base is not None:
-            seconds.append(once(base).timing.total_s)
-            base_timings.warmup_s.append(seconds[-1])
         return tuple(seconds)
 
     # The asked-for rounds first (they include any compilation, and keep one-time costs out of the
@@ -297,6 +311,10 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
     first = [warm_both() for _ in range(minimum)]
     work.status = "reference and verification runs"
     reference, base_memory = _reference_run(session, base, workload) if base is not None else (None, None)
+    if reference is not None:
+        counts["baseline"] = new_token_counts(reference.tokens)
+    elif stored is not None:
+        counts["baseline"] = new_token_counts(stored.tokens)
     with track_peak_memory(opt.device) as opt_memory:
         verification = once(opt, keep_logits=True, observe=True)
     for technique in opt.techniques:
@@ -341,22 +359,24 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
             run = once(side)
             (base_timings if side is base else opt_timings).rounds.append(run.timing)
 
-    def timed_rounds() -> OptResult:
+    def timed_rounds(count: int | None = None) -> OptResult:
         """A fixed count of interleaved rounds (again, to confirm a failed speed budget)."""
+        count = workload.rounds if count is None else count
         graphs_before = compiled_graph_count()
         start = len(opt_timings.rounds)
-        for index in range(start, start + workload.rounds):
-            timed_round(index, str(start + workload.rounds))
+        for index in range(start, start + count):
+            timed_round(index, str(start + count))
         recompiles.append(compiled_graph_count() - graphs_before)
         return result_so_far()
 
+    rule = workload.rounds_rule
+    decision = RoundsDecision(rule)
+    speed = {name: b for name, b in plan.budgets.items() if name in SPEED_BUDGETS} \
+        if session.settings.budgets != "off" else {}
+
     def sequential_rounds() -> OptResult:
         """Rounds one at a time until every speed budget is settled (verdict.sequential), or the cap."""
-        rule = workload.rounds_rule
         assert rule.maximum is not None
-        decision = RoundsDecision(rule)
-        speed = {name: b for name, b in plan.budgets.items() if name in SPEED_BUDGETS} \
-            if session.settings.budgets != "off" else {}
         minimum = rule.minimum if speed else rule.report_minimum()
         graphs_before = compiled_graph_count()
         for index in range(rule.maximum if speed else minimum):
@@ -372,7 +392,20 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
                               interim.baseline.latency_s):
                 break
         recompiles.append(compiled_graph_count() - graphs_before)
-        result = result_so_far()
+        return with_decision(result_so_far())
+
+    def confirm_sequential() -> OptResult:
+        """A failure the sequential looks could not settle (too few rounds): as many rounds again, judged
+        on all, as a fixed count's failure is confirmed."""
+        decision.confirmation_rounds = decision.rounds
+        result = timed_rounds(decision.rounds)
+        total = decision.rounds + decision.confirmation_rounds
+        for check in check_budgets(result, speed):
+            if check.name in decision.unsettled_failures:
+                decision.budgets[check.name] = f"{'passes' if check.ok else 'fails'} by its rule on all {total} rounds"
+        return with_decision(result)
+
+    def with_decision(result: OptResult) -> OptResult:
         result.rounds_decision = decision.to_dict()
         note = decision.note()
         if note:
@@ -387,21 +420,21 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         if base is not None:
             assert reference is not None and base_memory is not None  # the baseline model ran the reference
             baseline = _side(base_timings, peak=_peak(base, base_memory), load_time=base.loaded.load_time_s,
-                             texts=reference.texts, memory=base_memory)
+                             texts=reference.texts, memory=base_memory, loaded=base.loaded)
         else:
             assert stored is not None  # no baseline model: its figures come from the stored baseline
             baseline = stored.side_metrics()
         optimized = _side(opt_timings, peak=_peak(opt, opt_memory), load_time=opt.loaded.load_time_s,
                           texts=verification.texts, memory=opt_memory, compile_time=compile_time,
-                          recompiles=sum(recompiles) if opt.generation.compile else None)
+                          recompiles=sum(recompiles) if opt.generation.compile else None, loaded=opt.loaded)
         optimized.paged_cache_bytes = verification.evidence.paged_cache_bytes
         result = OptResult(
             baseline=baseline,
             optimized=optimized,
             similarity=similarity, workload=workload, techniques=plan.declared, baseline_techniques=plan.baseline.labels,
-            model={"name_or_path": plan.marked.model.name_or_path, "revision": plan.marked.model.revision,
-                   "dtype": plan.probe_context.dtype},
-            notes=list(notes), estimates=_decode_estimates(session, opt, workload, optimized) if intervals else {},
+            model=report_model_identity(plan.marked.model, plan.probe_context.dtype),
+            notes=list(notes) + [n for n in [load_transient_note(optimized)] if n],
+            estimates=_decode_estimates(session, opt, workload, optimized) if intervals else {},
         )
         # a stored baseline's rounds were not taken in turns
         return result.with_intervals(paired=base is not None) if intervals else result
@@ -410,8 +443,9 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         warm_until_stable(warm_both, 1, maximum - minimum, previous=first)
     if workload.max_rounds is not None:
         result = sequential_rounds()
-        # every round ran while a verdict was open: nothing is left to confirm
-        measurement = Measurement(result)
+        # every round ran while a verdict was open: nothing is left to confirm, unless a failure stands on
+        # rounds too few to settle one (a range whose MAX is below MIN_FAIL_ROUNDS): never a median-only failure
+        measurement = Measurement(result, remeasure=confirm_sequential if decision.unsettled_failures else None)
     else:
         result = timed_rounds()
         measurement = Measurement(result, remeasure=timed_rounds)
@@ -491,11 +525,11 @@ def _run_tensor_parallel_bench(session: "OptSession", plan: "TestPlan", base: Op
                    if tp.forced_logprobs is not None else [])
     return OptResult(
         baseline=_side(base_timings, peak=_peak(base, base_memory), load_time=base.loaded.load_time_s,
-                       texts=reference.texts, memory=base_memory),
+                       texts=reference.texts, memory=base_memory, loaded=base.loaded),
         optimized=_side(tp.timings(), peak=tp.peak_memory_bytes, load_time=tp.load_time_s, texts=list(tp.texts),
                         memory_method=tp.memory_method), similarity=similarity, workload=workload, techniques=plan.declared,
         baseline_techniques=base.labels,
-        model={"name_or_path": request.name_or_path, "revision": request.revision, "dtype": plan.probe_context.dtype},
+        model=report_model_identity(request, plan.probe_context.dtype),
         notes=[f"tensor_parallel: {tp.world_size} torchrun ranks, {min(tp.sharded_params)} sharded parameters per "
                f"rank; peak memory is the largest rank's; baseline and optimized rounds ran as two blocks, not "
                f"interleaved", *forced_note],

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .budgets import MEMORY_SLACK_BYTES, MEMORY_SLACK_FRACTION, BudgetCheck
 from .sequential import RoundsRule
 from .similarity import Similarity
 from ..units import format_bytes
+
+if TYPE_CHECKING:
+    from ..engine.loading import ModelRequest
 
 DEFAULT_PROMPTS = (
     "Explain gravity in one sentence.",
@@ -76,11 +80,46 @@ class SideMetrics:
     device_memory_used_bytes: int | None = None  # CUDA: NVML's figure, including memory torch does not see
     reserved_memory_bytes: int | None = None  # CUDA: peak the caching allocator reserved during generation
     paged_cache_bytes: int | None = None  # continuous batching: its paged KV cache's preallocated bytes (in the peak)
+    # peak_memory_bytes = resident_bytes + generation_peak_bytes: what the configuration holds while it runs;
+    # the load's own transient (a quantization's float weights, a converter's buffers) is load_peak_bytes
+    load_peak_bytes: int | None = None
+    resident_bytes: int | None = None
+    generation_peak_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("texts")
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
+
+
+def model_arguments(request: "ModelRequest") -> dict[str, Any] | None:
+    """Every ``opt_model`` argument beyond name, revision and dtype that changes the loaded model and is not
+    its default (``num_hidden_layers=1``, ``trust_remote_code``, ``gguf_file`` ...), JSON-safe; None for a
+    plain model. The stored baseline's key (``bench.model_key_extra``) and the report's model identity
+    (``report_model_identity``) both hold it."""
+    extra: dict[str, Any] = {}
+    for spec in dataclasses.fields(request):
+        if spec.name in ("name_or_path", "revision", "dtype", "origin"):
+            continue
+        value = getattr(request, spec.name)
+        if value == spec.default or value in ((), None):
+            continue
+        if spec.name == "from_pretrained_kwargs":
+            extra[spec.name] = {str(k): repr(v) for k, v in value}  # repr: as ModelRequest.identity()
+        else:
+            extra[spec.name] = value if isinstance(value, (bool, int, float, str)) else repr(value)
+    return extra or None
+
+
+def report_model_identity(request: "ModelRequest", dtype: str | None) -> dict[str, Any]:
+    """The report's ``model``: name, revision, dtype and, under ``arguments``, ``model_arguments`` (what
+    else changes the loaded model), so ``--opt-compare`` never judges one model against another; no
+    ``arguments`` for a plain model, as in reports written before they were recorded."""
+    identity: dict[str, Any] = {"name_or_path": request.name_or_path, "revision": request.revision, "dtype": dtype}
+    arguments = model_arguments(request)
+    if arguments:
+        identity["arguments"] = arguments
+    return identity
 
 
 @dataclass

@@ -13,8 +13,10 @@ verdict is settled when two independent questions give the same answer:
 
 The SPRT decides when to stop, never what the verdict is: a run that stops early has exactly the
 verdict the same rounds would have had at a fixed count, and one whose two answers disagree goes
-on to MAX and is judged there by the budget's rule, as a fixed count is. A test with no speed
-budget runs the rounds the report's 95% interval needs (``MIN_BOOTSTRAP_SAMPLES``).
+on to MAX and is judged there by the budget's rule, as a fixed count is. A failure no look could
+settle (a MAX below ``MIN_FAIL_ROUNDS``, or a rule that judged the medians alone) is confirmed as a
+fixed count's is: as many rounds again, judged on all of them. A test with no speed budget runs the
+rounds the report's 95% interval needs (``MIN_BOOTSTRAP_SAMPLES``).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class RoundsRule:
 
 
 AUTO_ROUNDS = RoundsRule(SEQUENTIAL_MIN_ROUNDS, SEQUENTIAL_MAX_ROUNDS)
+MAX_WARMUP = 100  # warm-up rounds per side
 ROUNDS_FORMS = (f"N (a fixed count, 1 to {MAX_ROUNDS}), MIN..MAX (sequential) or auto "
                 f"({SEQUENTIAL_MIN_ROUNDS}..{SEQUENTIAL_MAX_ROUNDS})")
 
@@ -167,6 +170,10 @@ class RoundsDecision:
     settled: bool = True
     budgets: dict[str, str] = field(default_factory=dict)  # speed budget -> how its verdict was reached
     doubted: bool = False  # too noisy to settle, and the rule failed a budget at the report's minimum or later
+    # speed budgets the rule fails where no look could have settled a failure (fewer than MIN_FAIL_ROUNDS
+    # rounds, or the medians alone): never a verdict by itself, they are measured again (``unsettled_failures``)
+    unsettled_failures: list[str] = field(default_factory=list)
+    confirmation_rounds: int = 0  # rounds run again to confirm them
 
     def to_dict(self) -> dict[str, Any]:
         return {"rule": "sequential", "min_rounds": self.rule.minimum, "max_rounds": self.rule.maximum,
@@ -180,6 +187,11 @@ class RoundsDecision:
         how = "; ".join(f"{name}: {word}" for name, word in self.budgets.items())
         if self.settled:
             return f"sequential rounds: every speed budget settled after {self.rounds} rounds ({how})"
+        if self.confirmation_rounds:
+            return (f"sequential rounds: {', '.join(self.unsettled_failures)} failed after {self.rounds} rounds, "
+                    f"too few to settle a failure (a failure needs {MIN_FAIL_ROUNDS} rounds per side and a "
+                    f"significance test), so {self.confirmation_rounds} more rounds ran and its own rule judged all "
+                    f"{self.rounds + self.confirmation_rounds} ({how})")
         return (f"sequential rounds: a speed budget was still open after {self.rounds} rounds, judged by its own rule "
                 f"there ({how})")
 
@@ -195,10 +207,13 @@ def keep_going(decision: RoundsDecision, budgets: dict[str, Budget], checks: lis
     the SPRT to settle before the cap (Wald's expected rounds beyond it) and the rule has passed every
     open budget clearly (not within noise) at every look since the report's minimum: otherwise the
     rounds go on to the cap, as a fixed count's confirming rounds would, and the rule judges there.
+    A failure that stands where no look could settle one is listed in ``decision.unsettled_failures``
+    for the caller to confirm with a second set of rounds.
     """
     rule, rounds = decision.rule, decision.rounds
     assert rule.maximum is not None
     decision.budgets = {}
+    decision.unsettled_failures = []
     still_open: list[tuple[bool, bool]] = []  # (the rule clearly passes it, too noisy to settle before the cap)
     for check in checks:
         budget = budgets.get(check.name)
@@ -214,6 +229,8 @@ def keep_going(decision: RoundsDecision, budgets: dict[str, Budget], checks: lis
         if answer == (WITHIN if check.ok else BEYOND) and not note.endswith(MEDIANS_ONLY):
             decision.budgets[check.name] = f"{rule_word}, settled (SPRT: {answer} {SLOWDOWN_MARGIN:.0%} of the limit)"
             continue
+        if not check.ok and (rounds < MIN_FAIL_ROUNDS or note.endswith(MEDIANS_ONLY)):
+            decision.unsettled_failures.append(check.name)
         noisy = rounds_to_settle(excess) > rule.maximum
         still_open.append((check.ok and not note.startswith(BORDERLINE), noisy))
         why = (f"too noisy for the SPRT to settle within {rule.maximum} rounds" if noisy

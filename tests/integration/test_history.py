@@ -293,8 +293,8 @@ def test_three_recorded_runs_in_a_checkout_draw_a_trend_per_test_in_chromium(pyt
         assert xs == sorted(xs) and len(set(xs)) == 3  # one slot per run, in time order
         assert body.count(commit) >= 3  # each run's commit under the axis
         assert 'class="current-run"' in body
-    for value in created:  # each run's time on the axis (MM-DD HH:MM:SS, UTC)
-        assert value[5:10] + " " + value[11:19] in dom
+    for value in created:  # each run's date and time on the axis (YYYY-MM-DD HH:MM:SS, UTC)
+        assert value[:10] + " " + value[11:19] in dom
     shot = pytester.path / "history.png"
     shooting = subprocess.run([*common, f"--screenshot={shot}", "--window-size=1280,2400", page.as_uri()],
                               capture_output=True, text=True, timeout=120, check=False)

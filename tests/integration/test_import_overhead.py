@@ -1,19 +1,22 @@
-"""What the plugin costs a session that uses none of it: a fraction of a second at start, and no import
-of torch, transformers or bitsandbytes (loading torch alone takes a second or more)."""
+"""What the plugin costs a session that uses none of it: no import of torch, transformers, numpy or
+bitsandbytes (loading torch alone takes a second or more), and at start-up only the plugin's face (hooks,
+options, markers, fixtures' declarations), the stages that load and measure models on first use.
+
+How long that takes is a figure, not an assertion (it swings with the machine's load): see
+``benchmarks/import_overhead.py`` and its section in benchmarks/RESULTS.md."""
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-HEAVY_MODULES = ("torch", "transformers", "bitsandbytes")
+HEAVY_MODULES = ("torch", "transformers", "numpy", "bitsandbytes")
+PACKAGE = "pytest_transformers_opt"
 
 TRIVIAL_TEST = "def test_nothing_of_the_plugin():\n    assert True\n"
 
@@ -24,20 +27,26 @@ import atexit, json, sys
 HEAVY_MODULES = {HEAVY_MODULES!r}
 loaded = {{}}
 
+def own_modules():
+    return sorted(name for name in sys.modules if name.startswith("{PACKAGE}"))
+
 def pytest_configure(config):
     loaded["plugin"] = config.pluginmanager.hasplugin("transformers_opt")
+    loaded["at_start"] = own_modules()
 
 def record():
     loaded["heavy"] = sorted(name for name in HEAVY_MODULES if name in sys.modules)
+    loaded["at_end"] = own_modules()
     with open("modules.json", "w") as handle:
         json.dump(loaded, handle)
 
 atexit.register(record)
 '''
 
-PLUGIN_OFF = ("-p", "no:transformers_opt")
-ROUNDS = 5  # of each, alternating, so that a change in the machine's load hits both alike
-MAX_ADDED_S = 0.2  # of CPU time; about 0.1 s on an idle 2-core machine
+# the stages that load, run and judge models, and the technique catalogue: a session that asks for no
+# fixture of the plugin never needs them, neither at start-up nor at its end
+MODEL_STAGES = ("engine.loading", "engine.generation", "engine.hardware", "engine.model", "engine.measure",
+                "techniques.catalogue", "verdict.bench", "verdict.baselines", "plan", "advisor")
 
 
 def inner_env() -> dict[str, str]:
@@ -48,20 +57,10 @@ def inner_env() -> dict[str, str]:
 
 
 def run_session(folder: Path, *args: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=folder,
+    # pytest-randomly (test extra) imports numpy itself when it loads: the plugin's own imports are measured
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", *args], cwd=folder,
                           env=inner_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"the inner session failed:\n{done.stdout}{done.stderr}"
-
-
-def timed_session(folder: Path, *args: str) -> tuple[float, float]:
-    """Wall and CPU (user + system) seconds of a whole ``python -m pytest`` process, start-up included."""
-    resource = pytest.importorskip("resource")  # POSIX: the CPU time of a finished child
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    run_session(folder, *args)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 @pytest.fixture()
@@ -84,18 +83,12 @@ def test_a_session_that_uses_none_of_the_plugin_imports_no_heavy_library(
     assert modules["heavy"] == []
 
 
-def test_the_plugin_adds_under_a_fifth_of_a_second(trivial_session: Path) -> None:
-    on: list[tuple[float, float]] = []
-    off: list[tuple[float, float]] = []
-    run_session(trivial_session, "-q")  # not timed: the first run fills the OS's file cache
-    for _ in range(ROUNDS):
-        on.append(timed_session(trivial_session, "-q"))
-        off.append(timed_session(trivial_session, "-q", *PLUGIN_OFF))
-    assert not modules_of(trivial_session)["plugin"]  # the last run was one without it
-    # judged on CPU time: on a machine shared with other jobs a process's wall time swings by more than
-    # the plugin costs, its CPU time much less; and on the fastest run of each, as timeit does: other jobs
-    # only ever add time (a median still moved by 0.15 s on 2 busy cores)
-    added_cpu = min(cpu for _, cpu in on) - min(cpu for _, cpu in off)
-    added_wall = statistics.median(wall for wall, _ in on) - statistics.median(wall for wall, _ in off)
-    assert added_cpu < MAX_ADDED_S, (f"the plugin adds {added_cpu:.3f} s of CPU time (medians of wall time: "
-                                     f"{added_wall:.3f} s); on {sorted(on)}, off {sorted(off)} (wall, CPU)")
+def test_only_the_face_is_imported_at_start_up_and_no_model_stage_at_all(trivial_session: Path) -> None:
+    run_session(trivial_session, "-q", "--opt-report")
+    modules = modules_of(trivial_session)
+    stage_modules = [f"{PACKAGE}.{stage}" for stage in MODEL_STAGES]
+    loaded_stages = [name for name in modules["at_end"] if name in stage_modules or name.startswith(f"{PACKAGE}.advisor")]
+    assert loaded_stages == [], f"a session that uses none of the plugin imported {loaded_stages}"
+    # the report writer is the session end's work (--opt-report prints its line), not the start-up's
+    assert f"{PACKAGE}.report.writer" not in modules["at_start"]
+    assert f"{PACKAGE}.report.writer" in modules["at_end"]

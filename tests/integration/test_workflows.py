@@ -133,6 +133,30 @@ def test_cpu_workflow_installs_cpu_torch_then_the_test_extra_and_runs_pytest() -
     assert steps.index(kernels) > next(i for i, step in enumerate(steps) if str(step.get("run", "")).strip() == runs[tests])
 
 
+def test_oldest_job_installs_the_test_extra_at_the_declared_floors_on_the_oldest_python() -> None:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # the oldest job's Python: tomli, from the test extra
+        import tomli as tomllib
+
+    workflow = _load(TESTS_YML)
+    job = workflow["jobs"]["oldest"]
+    steps = job["steps"]
+    _step_using(steps, "actions/checkout@")
+    python = _step_using(steps, "actions/setup-python@")
+    requires_python = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert requires_python == f">={python['with']['python-version']}"  # the oldest Python the package allows
+    runs = [str(step["run"]) for step in steps if "run" in step]
+    torch = next(i for i, run in enumerate(runs) if "torch==" in run)
+    extra = next(i for i, run in enumerate(runs) if '-e ".[test]"' in run)
+    tests = next(i for i, run in enumerate(runs) if run.strip().startswith("pytest"))
+    assert torch < extra < tests
+    assert "--index-url https://download.pytorch.org/whl/cpu" in runs[torch]
+    constraints = runs[extra].split(" -c ", 1)[1].split()[0]
+    assert (ROOT / constraints).is_file(), constraints
+    assert runs[tests].strip() == "pytest tests -q"
+
+
 # --------------------------------------------------------------------------- gpu-gate.yml
 
 

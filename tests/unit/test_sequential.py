@@ -9,7 +9,7 @@ import pytest
 
 from pytest_transformers_opt.engine.measure import RoundTiming
 from pytest_transformers_opt.errors import OptConfigError
-from pytest_transformers_opt.verdict.budgets import BORDERLINE, Budget, BudgetCheck
+from pytest_transformers_opt.verdict.budgets import BORDERLINE, MEDIANS_ONLY, Budget, BudgetCheck
 from pytest_transformers_opt.verdict.sequential import (
     AUTO_ROUNDS, BEYOND, FALSE_ALARM_RATE, MISS_RATE, SEQUENTIAL_MAX_ROUNDS, SEQUENTIAL_MIN_ROUNDS, SLOWDOWN_MARGIN, WITHIN,
     RoundsDecision, RoundsRule, keep_going, log_excess, parse_rounds, rounds_to_settle, sprt)
@@ -164,6 +164,28 @@ def test_the_cap_always_stops() -> None:
                                   "settled": decision.settled, "margin": SLOWDOWN_MARGIN,
                                   "false_alarm_rate": FALSE_ALARM_RATE, "miss_rate": MISS_RATE,
                                   "budgets": decision.budgets}
+
+
+@pytest.mark.parametrize("rule", [RoundsRule(3, 3), RoundsRule(1, 2), RoundsRule(2, 3)])
+def test_a_failure_at_a_cap_below_the_fewest_failing_rounds_is_left_to_confirm(rule: RoundsRule) -> None:
+    """A MAX below MIN_FAIL_ROUNDS can never settle a failure: the rule's failure there stands on the
+    medians alone, so it is marked for a second set of rounds (bench confirms it), never a verdict."""
+    assert rule.maximum is not None
+    slow, base = [0.13] * rule.maximum, [0.1] * rule.maximum
+    go_on, decision = _decide(slow, base, ok=False, note=f"too few rounds: {MEDIANS_ONLY}", rule=rule)
+    assert not go_on and not decision.settled and decision.unsettled_failures == ["min_speedup"]
+    decision.confirmation_rounds = decision.rounds
+    note = decision.note()
+    assert note is not None and f"failed after {rule.maximum} rounds, too few to settle a failure" in note
+    assert f"its own rule judged all {2 * rule.maximum}" in note
+    # a pass needs no confirmation, and neither does a failure the SPRT settled on enough rounds
+    assert _decide(base, base, ok=True, rule=rule)[1].unsettled_failures == []
+    settled = _decide([0.13, 0.131, 0.129, 0.13], [0.1] * 4, ok=False, rule=RoundsRule(3, 4))[1]
+    assert settled.settled and settled.unsettled_failures == []
+    # the medians alone are never a settled failure, at any count (a stored baseline with too few rounds)
+    alone = _decide([0.13, 0.131, 0.129, 0.13], [0.1] * 4, ok=False, note=f"too few rounds: {MEDIANS_ONLY}",
+                    rule=RoundsRule(3, 4))[1]
+    assert not alone.settled and alone.unsettled_failures == ["min_speedup"]
 
 
 def test_a_budget_that_was_not_measured_leaves_nothing_to_settle() -> None:
