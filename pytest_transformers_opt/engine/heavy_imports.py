@@ -56,5 +56,7 @@ def import_stack() -> None:
         import torch  # noqa: F401
         import transformers  # noqa: F401
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+        # its logging filters must hold before any model loads (bitsandbytes logs on its first 4-bit op)
+        from . import generation  # noqa: F401
 
         _imported = True  # before the held signals are raised again: the import itself is complete

@@ -106,7 +106,7 @@ ROWS = {
     "xdist-loadgroup": Row(("-n", "2", "--dist", "loadgroup"), ("created: 2/2 workers",), subprocess=True),
     "xdist-worksteal": Row(("-n", "2", "--dist", "worksteal"), ("created: 2/2 workers",), subprocess=True),
     "randomly": Row(("-p", "randomly", "--randomly-seed=1234"), ("Using --randomly-seed=1234",)),
-    "rerunfailures": Row(("--reruns", "1"), ("*1 failed, 3 passed, 1 rerun*",), extra_source=FLAKY_BUDGET_TEST,
+    "rerunfailures": Row(("--reruns", "1"), ("*1 failed, 3 passed*1 rerun*",), extra_source=FLAKY_BUDGET_TEST,
                          check=_one_row_with_its_attempts),
     "repeat": Row(("--count", "2"), ("*6 passed*",), check=_each_repeat_is_a_row),
     "timeout": Row(("-p", "timeout", "--timeout", "600"), ("timeout: 600.0s", "timeout method: signal")),
