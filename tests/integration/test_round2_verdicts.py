@@ -9,6 +9,8 @@ import pytest
 
 from pytest_transformers_opt.verdict.budgets import MEDIANS_ONLY
 
+from slowdown import slowdown_technique
+
 # A user's own techniques, registered the README's way.
 CONFTEST = '''
 import contextlib
@@ -19,33 +21,7 @@ import pytest
 from pytest_transformers_opt.techniques import Technique
 
 
-class TenTimesSlower(Technique):
-    """Busy-waits nine times each forward pass: a far slower kernel, clear of the noise of a busy 2-core
-    machine even on 4 rounds per side."""
-    name = "ten_times_slower"
-    family = "test"
-    summary = "injected slowdown"
-
-    @contextlib.contextmanager
-    def around_generate(self, model):
-        started = []
-
-        def before(module, args, kwargs):
-            started.append(time.perf_counter())
-
-        def after(module, args, kwargs, output):
-            until = time.perf_counter() + 9 * (time.perf_counter() - started.pop())
-            while time.perf_counter() < until:
-                pass
-
-        handles = [model.register_forward_pre_hook(before, with_kwargs=True),
-                   model.register_forward_hook(after, with_kwargs=True)]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-
+''' + slowdown_technique("TenTimesSlower", "ten_times_slower", 9) + '''
 
 class StopsAtTwo(Technique):
     """A technique with its own generation limit: every call stops after 2 new tokens."""

@@ -11,6 +11,8 @@ import pytest
 from pytest_transformers_opt.verdict.sequential import SEQUENTIAL_MAX_ROUNDS, SEQUENTIAL_MIN_ROUNDS
 from pytest_transformers_opt.verdict.stats import MIN_BOOTSTRAP_SAMPLES
 
+from slowdown import slowdown_technique
+
 CONFTEST = '''
 import contextlib
 import time
@@ -18,32 +20,7 @@ import time
 from pytest_transformers_opt.techniques import Technique
 
 
-class FourTimesSlower(Technique):
-    """Busy-waits three times each forward pass: a much slower kernel."""
-    name = "four_times_slower"
-    family = "test"
-    summary = "injected slowdown"
-
-    @contextlib.contextmanager
-    def around_generate(self, model):
-        started = []
-
-        def before(module, args, kwargs):
-            started.append(time.perf_counter())
-
-        def after(module, args, kwargs, output):
-            until = time.perf_counter() + 3 * (time.perf_counter() - started.pop())
-            while time.perf_counter() < until:
-                pass
-
-        handles = [model.register_forward_pre_hook(before, with_kwargs=True),
-                   model.register_forward_hook(after, with_kwargs=True)]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-
+''' + slowdown_technique("FourTimesSlower", "four_times_slower", 3) + '''
 
 def pytest_opt_register_techniques(registry):
     registry.register(FourTimesSlower)

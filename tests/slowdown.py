@@ -1,0 +1,39 @@
+"""A user's technique that makes every forward pass slower by a known factor, as source for a test's conftest.
+
+It busy-waits after each forward for ``factor`` times the forward's own time: a slower kernel, as the
+verdict tests and the verdict study inject one.
+"""
+
+from __future__ import annotations
+
+
+def slowdown_technique(class_name: str, name: str, factor: int) -> str:
+    """The source of a ``Technique`` subclass ``class_name`` (catalogue name ``name``) that makes each
+    forward pass ``factor + 1`` times as long; the conftest imports ``contextlib``, ``time`` and ``Technique``."""
+    return f'''
+class {class_name}(Technique):
+    """Busy-waits {factor} times each forward pass: a slower kernel."""
+    name = "{name}"
+    family = "test"
+    summary = "injected slowdown"
+
+    @contextlib.contextmanager
+    def around_generate(self, model):
+        started = []
+
+        def before(module, args, kwargs):
+            started.append(time.perf_counter())
+
+        def after(module, args, kwargs, output):
+            until = time.perf_counter() + {factor} * (time.perf_counter() - started.pop())
+            while time.perf_counter() < until:
+                pass
+
+        handles = [model.register_forward_pre_hook(before, with_kwargs=True),
+                   model.register_forward_hook(after, with_kwargs=True)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+'''
