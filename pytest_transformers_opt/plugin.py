@@ -35,10 +35,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
     if config.getoption("opt_techniques"):
+        # this session's own progress sink (silent: its terminal is not configured yet), so the catalogue's probe
+        # never writes through an enclosing session's (pytester) and switches that one's capture
+        progress.install(config)
         try:
             return print_catalogue(config, resolve_settings(config))
         except OptConfigError as exc:
             raise pytest.UsageError(str(exc)) from None
+        finally:
+            progress.uninstall(config)
     return None
 
 
