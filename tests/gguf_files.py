@@ -74,3 +74,16 @@ def write_tiny_gguf(model_folder: str | Path, out: str | Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return Path(out)
+
+
+def tiny_gguf_folder(folder: Path, copies: int = 1) -> Path:
+    """A folder as a user downloads one: ``tiny.F32.gguf`` (the built-in tiny Llama's weights) and, with
+    ``copies=2``, ``tiny-copy.F32.gguf`` holding the same; no config.json."""
+    import shutil
+
+    from pytest_transformers_opt.engine.tiny_models import ensure_tiny_model
+
+    write_tiny_gguf(ensure_tiny_model("tiny-random-llama"), folder / "tiny.F32.gguf")
+    if copies == 2:
+        shutil.copy(folder / "tiny.F32.gguf", folder / "tiny-copy.F32.gguf")
+    return folder

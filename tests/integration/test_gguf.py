@@ -6,7 +6,6 @@ The checkpoint is a tiny GGUF written from the built-in ``tiny-random-llama`` (t
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,8 @@ from pytest_transformers_opt.verdict.bench import model_key_extra
 from pytest_transformers_opt.verdict.baselines import baseline_key
 from pytest_transformers_opt.engine.loading import ModelRequest
 from pytest_transformers_opt.engine import real_models, tiny_models
-from pytest_transformers_opt.engine.tiny_models import ensure_tiny_model
 
-from gguf_files import write_tiny_gguf
+from gguf_files import tiny_gguf_folder
 
 pytest.importorskip("gguf")
 
@@ -27,10 +25,7 @@ INNER = ("--opt-rounds=1", "--opt-warmup=0", "-v")
 @pytest.fixture(scope="module")
 def gguf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder as a user downloads one: two GGUF files (the same weights), no config.json."""
-    folder = tmp_path_factory.mktemp("gguf-model")
-    write_tiny_gguf(ensure_tiny_model("tiny-random-llama"), folder / "tiny.F32.gguf")
-    shutil.copy(folder / "tiny.F32.gguf", folder / "tiny-copy.F32.gguf")
-    return folder
+    return tiny_gguf_folder(tmp_path_factory.mktemp("gguf-model"), copies=2)
 
 
 TECHNIQUES = '''

@@ -12,7 +12,7 @@ import pytest
 
 from pytest_transformers_opt.engine.tiny_models import ensure_tiny_model
 
-from gguf_files import write_tiny_gguf
+from gguf_files import tiny_gguf_folder, write_tiny_gguf
 
 pytest.importorskip("gguf")
 
@@ -22,9 +22,7 @@ INNER = ("--opt-rounds=1", "--opt-warmup=0", "-v")
 @pytest.fixture(scope="module")
 def gguf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder as a user downloads one: one GGUF file, no config.json."""
-    folder = tmp_path_factory.mktemp("gguf-model")
-    write_tiny_gguf(ensure_tiny_model("tiny-random-llama"), folder / "tiny.F32.gguf")
-    return folder
+    return tiny_gguf_folder(tmp_path_factory.mktemp("gguf-model"))
 
 
 TRUNCATED = '''
