@@ -93,6 +93,9 @@ class OptSession:
             from .engine.heavy_imports import import_stack
 
             import_stack()  # whole, whatever signal arrives meanwhile (see its module)
+            from .engine.measure import freeze_long_lived_objects
+
+            freeze_long_lived_objects()  # before any model loads: each memory reading's collection stays quick
             self._hardware = probe_hardware(self.settings.device)
             apply_cpu_threads(self.settings.cpu_threads, self._hardware)  # before any model runs
             new_session()  # each message that repeats on every step: once in this session
@@ -334,6 +337,10 @@ class OptSession:
         if self._models is not None:
             self._models.clear()
         self.reference_runs.clear()
+        if self._hardware is not None:
+            from .engine.measure import unfreeze_long_lived_objects
+
+            unfreeze_long_lived_objects()
         if self.compile_cache is not None:
             try:
                 self.compile_cache.save()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
 from pathlib import Path
@@ -30,6 +31,17 @@ import hqq  # noqa: E402,F401
 import accelerate  # noqa: E402,F401
 
 from pytest_transformers_opt.engine import tiny_models  # noqa: E402
+
+# The same for the plugin's own modules: a session imports its stages on first use, and an in-process
+# run would drop them at its end, so the next run imported (and pytest's assertion rewriter parsed and
+# rewrote, with no bytecode cache under PYTHONDONTWRITEBYTECODE) some 100 modules again: about a third
+# of each run's time. Imported once here, they stay, as they would in a user's one session.
+import pkgutil  # noqa: E402
+import pytest_transformers_opt  # noqa: E402
+
+for _module in pkgutil.walk_packages(pytest_transformers_opt.__path__, "pytest_transformers_opt."):
+    if not _module.name.endswith(("__main__", "tp_worker")):  # scripts, run as their own processes
+        importlib.import_module(_module.name)
 from pytest_transformers_opt.report.schema import validate_report  # noqa: E402
 
 from model_shapes import LLAMA_8B  # noqa: E402  (tests/ is on sys.path: pytest's rootdir conftest import)
