@@ -186,6 +186,27 @@ def compile_on_all_devices(compile_config: Any) -> None:
     compile_config._compile_all_devices = True  # transformers' own switch for this
 
 
+def continuous_batching_config(params: dict[str, Any]) -> tuple[Any, int]:
+    """(a ``ContinuousBatchingConfig`` from ``params``, its tokens per cache block). transformers named that
+    field ``block_size`` before 5.21 and ``page_size`` since; ``params`` use the new name, which this
+    translates for the installed version."""
+    from transformers.generation import ContinuousBatchingConfig
+
+    field = "page_size" if hasattr(ContinuousBatchingConfig, "page_size") else "block_size"
+    params = dict(params)
+    if "page_size" in params and field != "page_size":
+        params[field] = params.pop("page_size")
+    config = ContinuousBatchingConfig(**params)
+    return config, int(getattr(config, field))
+
+
+def continuous_batching_page_size(params: dict[str, Any]) -> int:
+    """Tokens per paged-cache block: the given ``page_size``, else the installed transformers' default."""
+    if "page_size" in params:
+        return int(params["page_size"])
+    return continuous_batching_config({})[1]
+
+
 def continuous_batching_manager(model: Any) -> Any:
     """The manager the last ``generate_batch(persistent_manager=True)`` left on the model, or None."""
     return getattr(model, "_cached_continuous_batching_manager", None)

@@ -155,6 +155,13 @@ OPTIONS: tuple[OptionDef, ...] = (
               "draws each test's trend over the recorded runs", "DIR", is_path=True),
     OptionDef("--opt-history-keep", "opt_history_keep", "opt_history_keep", _history_keep, 200,
               f"recorded runs --opt-history keeps, the oldest pruned first (1 to {MAX_HISTORY_KEEP})", "N"),
+    OptionDef("--opt-ab", "opt_ab", "opt_ab", _path, None,
+              "a reference environment's Python interpreter (another venv: the previous torch, main's lockfile): "
+              "each opt_bench test's optimized configuration also runs there, its rounds interleaved with this "
+              "environment's, and every figure gets a candidate-vs-reference verdict", "PYTHON"),
+    OptionDef("--opt-ab-fail", "opt_ab_fail", "opt_ab_fail", _text, None,
+              "A/B regressions that fail the run, in the grammar of --opt-compare-fail: "
+              "latency:5%,peak_memory:5%,kl_mean:0.01", "EXPR[,EXPR]"),
 )
 
 
@@ -220,11 +227,14 @@ class Settings:
     compile_cache: str | None  # the folder, absolute; checked usable at configure time
     history: str | None  # the folder, absolute; only checked not to be a file (writing it is checked at the end)
     history_keep: int
+    ab: str | None  # the reference interpreter: absolute, or as given when it is a command found on PATH
+    ab_fail: str | None
     sources: dict[str, str]  # option key -> where its value came from: the flag, the variable, "ini KEY", "default"
     ini_budgets: dict[str, str]  # budget name -> the ini value, checked
     baseline: tuple[str, ...]  # ini opt_baseline, else eager
     compare_report: dict[str, Any] | None  # the --opt-compare report, read at configure time
     compare_thresholds: list[Threshold]  # --opt-compare-fail, parsed
+    ab_thresholds: list[Threshold]  # --opt-ab-fail, parsed
     notes: tuple[str, ...] = ()  # project-wide settings (ini, environment) this run leaves unused, and why
 
 
@@ -241,6 +251,7 @@ def resolve_settings(config: pytest.Config) -> Settings:
     values = _absolute_paths(config, values, sources)
     notes: list[str] = []
     compare_report, compare_thresholds = _load_compare(values, sources, notes)
+    ab_thresholds = _ab_thresholds(config, values, sources, notes)
     _check_report_paths(values, sources)
     if values["compile_cache"]:
         try:
@@ -249,7 +260,8 @@ def resolve_settings(config: pytest.Config) -> Settings:
             raise pytest.UsageError(str(exc)) from None
     _check_history_dir(values, sources)
     return Settings(**values, sources=sources, ini_budgets=ini_budgets, baseline=baseline,
-                    compare_report=compare_report, compare_thresholds=compare_thresholds, notes=tuple(notes))
+                    compare_report=compare_report, compare_thresholds=compare_thresholds,
+                    ab_thresholds=ab_thresholds, notes=tuple(notes))
 
 
 def _resolve(config: pytest.Config, option: OptionDef) -> tuple[Any, str]:
@@ -364,3 +376,41 @@ def _load_compare(values: dict[str, Any], sources: Mapping[str, str], notes: lis
                      f"(the earlier report it gates against)")
         values["compare_fail"], thresholds = None, []
     return report, thresholds
+
+
+def _ab_thresholds(config: pytest.Config, values: dict[str, Any], sources: Mapping[str, str],
+                   notes: list[str]) -> list[Threshold]:
+    """Resolve the --opt-ab interpreter and parse --opt-ab-fail now (a bad term is a usage error). A
+    bare command (``python3.10``) is looked up on PATH, a path is made absolute; one that cannot be run is
+    each A/B test's one-line failure, not a usage error, so the report of the rest is still written. A gate
+    without a reference is an error on the command line and a note when set project-wide."""
+    import shutil
+
+    python = values.get("ab")
+    if python and os.sep not in python and not python.startswith((".", "~")):
+        values["ab"] = shutil.which(python) or python
+    elif python:
+        base = Path(config.invocation_params.dir) if not sources["ab"].startswith(("ini ", "default")) \
+            else (Path(config.inipath).parent if config.inipath else Path(config.rootpath))
+        path = Path(python).expanduser()
+        # not resolved through symlinks: a venv's python is a link to the base interpreter, and its
+        # own path is what makes it that venv
+        values["ab"] = os.path.normpath(path if path.is_absolute() else base / path)
+    if not values.get("ab_fail"):
+        return []
+    from .report.compare import parse_compare_fail
+    from .verdict.ab import check_ab_thresholds
+
+    try:
+        thresholds = parse_compare_fail(values["ab_fail"], sources["ab_fail"])
+        check_ab_thresholds(thresholds, sources["ab_fail"])
+    except OptConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if not values.get("ab"):
+        source = sources["ab_fail"]
+        if source == "--opt-ab-fail":
+            raise pytest.UsageError(f"{source}: needs --opt-ab=PYTHON (the reference environment's interpreter)")
+        notes.append(f"{source}={values['ab_fail']} is not applied: this run has no --opt-ab=PYTHON (the "
+                     f"reference environment it gates against)")
+        values["ab_fail"], thresholds = None, []
+    return thresholds

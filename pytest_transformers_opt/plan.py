@@ -20,6 +20,7 @@ from .errors import OptConfigError
 from .markers import MarkedTest, read_markers
 from .options import Settings
 from .techniques import ProbeContext, Technique, TechniqueRegistry, check_stack
+from .techniques.base import checked_probe
 from .verdict.budgets import Budget, resolve_budgets, worst_quality
 
 
@@ -110,20 +111,10 @@ def _stack_with_inheritance(baseline: list[Technique], declared: list[Technique]
     return kept + declared
 
 
-def probe_reason(technique: Technique, ctx: ProbeContext) -> str | None:
-    """``technique.probe(ctx)``, checked: a custom technique's probe that returns anything but None or a
-    reason is a bug in that technique, named as one (not a skip with a reason of ``42``)."""
-    reason = technique.probe(ctx)
-    if reason is None or (isinstance(reason, str) and reason.strip()):
-        return reason
-    raise OptConfigError(f"technique {technique.label()}: probe() returned {reason!r} ({type(reason).__name__}); "
-                         f"it must return None when the technique can run here, or a non-empty str saying why not")
-
-
 def skip_unsupported(plan: TestPlan, required: frozenset[str]) -> None:
     """Skip (or, in strict mode, fail) when a technique of either side cannot run here."""
     for technique in plan.baseline.techniques + plan.optimized.techniques:
-        reason = probe_reason(technique, plan.probe_context)
+        reason = checked_probe(technique, plan.probe_context)
         if reason is None:
             continue
         if required and ("all" in required or technique.name in required or technique.label() in required):

@@ -82,6 +82,8 @@ class OptSession:
         self._remaining_uses: dict[tuple[Any, ...], int] = {}
         self.compile_cache: CompileCache | None = None  # --opt-compile-cache, installed with the hardware probe
         self._compile_counts: dict[str, tuple[int, int]] = {}  # test id -> cache (hits, misses) at its setup
+        self._reference_worker: Any = None  # --opt-ab: engine.ab_client.ReferenceWorker, started on first use
+        self._reference_unusable: str | None = None  # --opt-ab: why the reference cannot be used, once found
 
     # -- lazily built pieces ------------------------------------------------------------------------
     @property
@@ -177,7 +179,7 @@ class OptSession:
 
     def technique_support(self) -> list[tuple[str, str, str | None]]:
         """(name, summary, why not) for every technique, probed on this machine with no model."""
-        from .plan import probe_reason
+        from .techniques.base import checked_probe
         from .techniques import ProbeContext
 
         ctx = ProbeContext(hardware=self.hardware, model_config=None, dtype="float32")
@@ -185,7 +187,7 @@ class OptSession:
         for technique_class in self.registry.classes():
             try:
                 technique = technique_class(**technique_class.example_params)
-                reason = probe_reason(technique, ctx)
+                reason = checked_probe(technique, ctx)
             except OptConfigError as exc:
                 reason = str(exc)
             rows.append((technique_class.name, technique_class.summary, reason))
@@ -332,8 +334,51 @@ class OptSession:
         if not mine:  # it died before its setup reported: it may still have been loading a model
             self.records[nodeid] = TestRecord(nodeid, outcome="failed", error=message)
 
+    # -- the reference environment (--opt-ab) ---------------------------------------------------------
+    def reference_worker(self) -> Any:
+        """The reference environment's worker (``engine.ab_client.ReferenceWorker``): started on first use,
+        again after one died. A reference that cannot be used fails each A/B test with the same line (found
+        once: a missing interpreter is not tried again for every test)."""
+        from .engine.ab_client import ReferenceUnavailable, ReferenceWorker
+        from .engine.progress import long_work
+
+        python = self.settings.ab
+        assert python is not None
+        if self._reference_unusable is not None:
+            pytest.fail(self._reference_unusable, pytrace=False)
+        if self._reference_worker is not None and not self._reference_worker.alive():
+            self.forget_reference_worker()
+        if self._reference_worker is None:
+            import torch
+
+            try:
+                with long_work(f"starting the reference environment {python} (--opt-ab)",
+                               detail="once per session: it imports its torch and transformers"):
+                    self._reference_worker = ReferenceWorker.start(python, threads=torch.get_num_threads())
+            except ReferenceUnavailable as exc:
+                self._reference_unusable = f"--opt-ab: the reference environment cannot be used: {exc.reason}"
+                pytest.fail(self._reference_unusable, pytrace=False)
+        return self._reference_worker
+
+    def forget_reference_worker(self) -> None:
+        """Stop (if still running) and drop the worker: the next A/B test starts a new one."""
+        worker, self._reference_worker = self._reference_worker, None
+        if worker is not None:
+            worker.close()
+
+    def conftests_registering_techniques(self) -> list[str]:
+        """The files of this session's plugins (conftests) that register techniques: the reference worker
+        imports them so a project's own techniques run there too."""
+        files = []
+        for plugin in self.config.pluginmanager.get_plugins():
+            path = getattr(plugin, "__file__", None)
+            if path and callable(getattr(plugin, "pytest_opt_register_techniques", None)):
+                files.append(str(path))
+        return sorted(files)
+
     def close(self) -> None:
         """Free every cached model at the end of the session."""
+        self.forget_reference_worker()
         if self._models is not None:
             self._models.clear()
         self.reference_runs.clear()

@@ -259,8 +259,8 @@ def _paged_cache_bytes(model: Any) -> int | None:
 def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens: int) -> GenerationRun:
     """``generate_batch()``: all prompts scheduled together; per-request timestamps give TTFT."""
     from transformers import GenerationConfig
-    from transformers.generation import ContinuousBatchingConfig
 
+    from ..compat import continuous_batching_config, continuous_batching_page_size
     from ..techniques.serving import size_continuous_batching
     from ..units import format_bytes
 
@@ -269,10 +269,10 @@ def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=NEVER_STOP,
                               pad_token_id=tokenizer.pad_token_id)
     given = opt.generation.continuous_batching or {}
-    page_size = given.get("page_size", ContinuousBatchingConfig.page_size)
+    page_size = continuous_batching_page_size(given)
     lengths = [len(i) for i in inputs]
     sized, derived = size_continuous_batching(given, lengths, max_new_tokens, page_size)
-    cb_config = ContinuousBatchingConfig(**sized)
+    cb_config, _ = continuous_batching_config(sized)
     # a manager left by an interrupted run would be reused, sized for its own workload
     model.destroy_cached_continuous_batching_manager()
     try:

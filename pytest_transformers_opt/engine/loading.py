@@ -97,7 +97,8 @@ def _check_weights(path: Path, request: ModelRequest, where: str) -> None:
 
 def read_model_config(request: ModelRequest, path: str) -> Any:
     """The model's config (no weights), for probes; raises a clear error on remote code or a bad folder."""
-    if is_tiny_model(request.name_or_path):
+    if is_tiny_model(request.name_or_path) and not (Path(path) / "config.json").is_file():
+        # not built yet: its spec (the built one's vocabulary is what its tokenizer learned, 511 for 512)
         return tiny_model_config(request.name_or_path)
     from transformers import AutoConfig
 

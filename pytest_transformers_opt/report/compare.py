@@ -342,6 +342,19 @@ def _finite(values: Any) -> list[float] | None:
 
 
 @dataclass(frozen=True)
+class Sides:
+    """What a verdict's details call its two entries: an earlier and this report (``--opt-compare``), or
+    the reference environment and this one (``--opt-ab``): ``the {old} run``, ``the {new} {record}``."""
+
+    old: str = "old"
+    new: str = "new"
+    record: str = "report"
+
+
+REPORTS = Sides()
+
+
+@dataclass(frozen=True)
 class _Rule:
     """How one timed threshold is judged: on both runs' rounds (the p-values), or on the medians alone (and why)."""
 
@@ -359,29 +372,30 @@ def _moved(samples: list[float], threshold: Threshold, direction: int) -> list[f
     return [v + direction * threshold.limit for v in samples]
 
 
-def _rule(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, Any], old: float, new: float) -> _Rule:
+def _rule(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, Any], old: float, new: float,
+          sides: Sides = REPORTS) -> _Rule:
     """The sample rule where both reports keep rounds that can reach significance; else the median rule and why."""
     metric = threshold.metric
     if METRICS[metric].samples is None and METRICS[metric].ratio_of is None:
-        return _Rule(MEDIAN_RULE, f"the reports keep no per-round {metric} samples")
+        return _Rule(MEDIAN_RULE, f"the {sides.record}s keep no per-round {metric} samples")
     if threshold.relative and old == 0:
-        return _Rule(MEDIAN_RULE, "the old median is 0")
+        return _Rule(MEDIAN_RULE, f"the {sides.old} median is 0")
     rounds: dict[str, list[float]] = {}
-    for side, entry, figure in (("old", old_entry, old), ("new", new_entry, new)):
+    for side, entry, figure in ((sides.old, old_entry, old), (sides.new, new_entry, new)):
         if METRICS[metric].ratio_of is not None:
             ratios, why = _ratio_samples(entry, metric)
             if ratios is None:
-                return _Rule(MEDIAN_RULE, f"the {side} report {why}")
+                return _Rule(MEDIAN_RULE, f"the {side} {sides.record} {why}")
             rounds[side] = ratios
             continue
         samples = _samples(entry, metric)
         if samples is None:
-            return _Rule(MEDIAN_RULE, f"the {side} report keeps no per-round {metric} samples")
+            return _Rule(MEDIAN_RULE, f"the {side} {sides.record} keeps no per-round {metric} samples")
         # samples that do not give the figure describe something else (an edited report): trust neither
         if not math.isclose(statistics.median(samples), figure, rel_tol=1e-6, abs_tol=1e-12):
-            return _Rule(MEDIAN_RULE, f"the {side} report's {metric} samples do not give its median")
+            return _Rule(MEDIAN_RULE, f"the {side} {sides.record}'s {metric} samples do not give its median")
         rounds[side] = samples
-    before, after = rounds["old"], rounds["new"]
+    before, after = rounds[sides.old], rounds[sides.new]
     if min_p_value(len(after), len(before)) >= SIGNIFICANCE:
         return _Rule(MEDIAN_RULE, f"too few rounds ({len(before)}+{len(after)}) for a significance test")
     p_up = mann_whitney_greater(after, _moved(before, threshold, +1))
@@ -390,7 +404,7 @@ def _rule(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, 
     return _Rule(SAMPLE_RULE, p_worse=worse, p_better=better, rounds=(len(before), len(after)))
 
 
-def _judge(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, Any]
+def _judge(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, Any], sides: Sides = REPORTS
            ) -> tuple[str, str | None, dict[str, Any] | None]:
     """(``regressed`` | ``improved`` | ``ok``, detail, judged record or None) for one threshold on one test.
 
@@ -399,16 +413,16 @@ def _judge(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str,
     metric, fmt = threshold.metric, METRICS[threshold.metric].fmt
     old, new = _figure(old_entry, metric), _figure(new_entry, metric)
     if old is not None and new is None:
-        return "regressed", f"{metric} {fmt(old)} -> not measured: missing in the new run{REGRESSED_TAG}", None
+        return "regressed", f"{metric} {fmt(old)} -> not measured: missing in the {sides.new} run{REGRESSED_TAG}", None
     if old is None and new is None:
         return "ok", f"{metric} not measured in either run", None
     if old is None:
         assert new is not None
-        return "ok", f"{metric} not measured in the old run (new: {fmt(new)})", None
+        return "ok", f"{metric} not measured in the {sides.old} run ({sides.new}: {fmt(new)})", None
     assert new is not None
     amount = _worsening(metric, old, new, threshold.relative)
     worse, better = _beyond(amount, threshold.limit), _beyond(-amount, threshold.limit)
-    rule = _rule(threshold, old_entry, new_entry, old, new) if METRICS[metric].timed else None
+    rule = _rule(threshold, old_entry, new_entry, old, new, sides) if METRICS[metric].timed else None
     if rule is not None and rule.name == SAMPLE_RULE:  # the medians must move past the limit, and significantly
         significant_worse, significant_better = rule.p_worse < SIGNIFICANCE, rule.p_better < SIGNIFICANCE
     else:
@@ -446,12 +460,13 @@ def _judge(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str,
     return verdict, detail, record
 
 
-def _compare_test(old: dict[str, Any], new: dict[str, Any], thresholds: list[Threshold]) -> dict[str, Any]:
+def _compare_test(old: dict[str, Any], new: dict[str, Any], thresholds: list[Threshold], sides: Sides = REPORTS
+                  ) -> dict[str, Any]:
     details: list[str] = []
     judged: list[dict[str, Any]] = []
     regressed = improved = False
     for threshold in thresholds:
-        verdict, detail, record = _judge(threshold, old, new)
+        verdict, detail, record = _judge(threshold, old, new, sides)
         regressed |= verdict == "regressed"
         improved |= verdict == "improved"
         if detail:

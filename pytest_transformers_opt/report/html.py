@@ -14,7 +14,8 @@ Charts, each readable at a glance:
 - agreement with the baseline (top-1 and token match), with the ``min_top1`` and
   ``min_token_match`` ticks.
 
-Under them: the failed budgets, the results table (the cells of :mod:`.view`, as in the Markdown report),
+Under them: the failed budgets, the results table (the cells of :mod:`.view`, as in the Markdown report), the
+A/B against a reference environment (``--opt-ab``),
 estimated figures apart, the skipped techniques grouped by reason, and the environment.
 """
 
@@ -636,6 +637,24 @@ def _results_table(report: Mapping[str, Any]) -> str:
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
+def _ab_section(report: Mapping[str, Any]) -> list[str]:
+    """The "A/B against another environment" section: what differs between the two stacks, then one line per
+    test (``view.ab_lines``, as the Markdown report and the terminal show them); none without --opt-ab."""
+    if not view.has_ab(report):
+        return []
+    out = [f'<section id="ab"><h2>{_e(view.AB_TITLE)}</h2>', f"<p>{_e(view.AB_INTRO)}</p>"]
+    out += [f'<p class="ab-stacks"><strong>{_e(line)}</strong></p>' for line in view.ab_header_lines(report)]
+    compared = view.ab_lines(report)
+    if not compared:
+        return [*out, f"<p>{_e(view.AB_NO_ROWS)}</p></section>"]
+    out.append('<ul class="ab">')
+    for test, line in compared:
+        bad = ' class="bad"' if test["ab"].get("verdict") == "regressed" else ""
+        out.append(f"<li{bad}><code>{_e(test.get('nodeid'))}</code>: {_e(line)}</li>")
+    out.append("</ul></section>")
+    return out
+
+
 def _matrix_section(report: Mapping[str, Any]) -> list[str]:
     """The "Hardware matrix" section: the cells of ``view.hardware_matrices`` (the Markdown report lays out
     the same ones); none when the report's tests ran on one kind of hardware."""
@@ -705,6 +724,7 @@ def render_html(report: dict[str, Any], *, history: History | None = None) -> st
         out.append("<p>No test used <code>opt_bench</code> in this run.</p>")
     out.append("</section>")
 
+    out += _ab_section(report)
     out += _matrix_section(report)
 
     estimates = view.estimate_rows(report)

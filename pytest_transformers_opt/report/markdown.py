@@ -2,8 +2,9 @@
 
 Layout, top to bottom: a one-line summary; for a merged report, its shards (each one's machine and
 settings, and a warning where they differ); the failed budgets (test, budget, measured, limit);
-the results table, one row per test, tests with failed budgets first; when the tests ran on two or more
-kinds of hardware (a merged report of shards), the hardware matrix; estimated figures in a
+the results table, one row per test, tests with failed budgets first; with ``--opt-ab``, the A/B
+against the reference environment (what differs between the stacks, then a line per test); when the
+tests ran on two or more kinds of hardware (a merged report of shards), the hardware matrix; estimated figures in a
 section of their own (never in a column of measured ones); compile times with the compile cache's
 state; the skipped techniques grouped by reason; failures and errors; the advisor's summary; the environment in a collapsed
 ``<details>`` block.
@@ -18,10 +19,10 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .view import (MATRIX_INTRO, MISSING, SHARD_COLUMNS, advice_lines, budgets_mode_note, columns, compile_rows,
-                   context_text, environment_rows, environment_title, estimate_rows, failed_budget_rows,
-                   hardware_matrices, one_line, problem_rows, shard_rows, shard_settings_note, skipped_groups,
-                   spans_hardware, summary_text, table_rows)
+from .view import (AB_INTRO, AB_NO_ROWS, AB_TITLE, MATRIX_INTRO, MISSING, SHARD_COLUMNS, ab_header_lines, ab_lines, advice_lines,
+                   budgets_mode_note, columns, compile_rows, context_text, environment_rows, environment_title,
+                   estimate_rows, failed_budget_rows, hardware_matrices, has_ab, one_line, problem_rows, shard_rows,
+                   shard_settings_note, skipped_groups, spans_hardware, summary_text, table_rows)
 
 
 # --------------------------------------------------------------------------- markdown
@@ -101,6 +102,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += _md_table([header for _, header in cols], cells)
     else:
         out.append("No test used `opt_bench` in this run.")
+
+    if has_ab(report):
+        out += ["", f"### {AB_TITLE}", "", md_text(AB_INTRO), ""]
+        out += [f"**{md_text(line)}**  " for line in ab_header_lines(report)]
+        out.append("")
+        compared = ab_lines(report)
+        out += [f"- {md_code(test.get('nodeid'), in_table=False)}: {md_text(line)}" for test, line in compared]
+        if not compared:
+            out.append(md_text(AB_NO_ROWS))
 
     matrices = hardware_matrices(report)
     if matrices:

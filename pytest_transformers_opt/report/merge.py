@@ -9,7 +9,8 @@ measurements would be silently dropped. A row without a fingerprint takes its sh
 The merged document is a schema_version 1 report like any other (``--opt-compare``, the renderers and
 the advisor read it as they read one run): the first shard's ``environment`` and ``settings``, the
 summary recounted from the rows, and ``shards``, one entry per input with its own environment,
-settings and summary, which each row's ``shard`` points into.
+settings, summary and ``--opt-ab`` stacks, which each row's ``shard`` points into. Rows keep their A/B
+records; the top-level ``ab`` is the first shard's, recounted, with a note where the shards' differ.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from ..errors import OptConfigError
 from ..verdict.results import CALL_SUFFIX
+from .ab import merge_ab
 from .compare import row_hardware
 from .schema import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, load_report, validate_report
 from .writer import count_outcomes
@@ -78,6 +80,8 @@ def _shard_entries(shard: Shard) -> list[dict[str, Any]]:
              "settings": copy.deepcopy(report["settings"]), "summary": dict(report["summary"])}
     if isinstance(report.get("extra"), dict):
         entry["extra"] = copy.deepcopy(report["extra"])
+    if isinstance(report.get("ab"), dict):  # --opt-ab: this shard's two stacks, which its rows' lines name
+        entry["ab"] = copy.deepcopy(report["ab"])
     return [entry]
 
 
@@ -116,6 +120,9 @@ def merge_reports(shards: list[Shard]) -> dict[str, Any]:
         "environment": copy.deepcopy(first["environment"]), "settings": copy.deepcopy(first["settings"]),
         "tests": rows, "summary": count_outcomes(rows), "advice": None, "shards": entries,
     }
+    ab = merge_ab([(entry["source"], entry.get("ab")) for entry in entries], rows)
+    if ab is not None:
+        merged["ab"] = ab
     try:
         validate_report(merged)  # every input was valid: a failure here is a bug, but never a half-valid file
     except ValueError as exc:

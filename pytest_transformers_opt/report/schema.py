@@ -177,7 +177,7 @@ _RENAMED: tuple[tuple[str, str, str, Any], ...] = (
     ("rounds_decision", "error_rate", "false_alarm_rate and miss_rate", _rounds_decision_error_rate),
 )
 # Optional objects of a test row that a reader may drop (null) when an earlier layout's keys do not fit.
-_DROPPABLE = ("rounds_decision", "regression")
+_DROPPABLE = ("rounds_decision", "regression", "ab")
 
 
 def _general(path: Any) -> str:

@@ -18,8 +18,10 @@ from datetime import datetime
 from typing import Any
 
 from ..units import failure_reason, format_bytes, format_duration, format_ratio, shorten
+from ..verdict.ab import BLOCKS, FIGURES, IDENTICAL_STACKS, differing_versions, stack_note, stack_versions, version_text
 from ..verdict.results import NO_DIFFERENCE
-from .compare import row_hardware
+from .ab import NOT_JUDGED, ab_rows, interval_text, within_noise
+from .compare import METRICS, row_hardware
 
 MISSING = "-"
 
@@ -760,4 +762,126 @@ def advice_lines(report: Mapping[str, Any]) -> list[str]:
         return []
     return [one_line(line) for line in advice.get("summary") or [] if str(line).strip()]
 
+
+# --------------------------------------------------------------------------- A/B against another environment
+
+AB_TITLE = "A/B against another environment"
+AB_LABELS = {"latency": "latency", "ttft": "TTFT", "tpot": "TPOT", "throughput": "throughput",
+             "peak_memory": "peak memory"}
+AB_INTRO = ("Each test's optimized configuration, measured in this environment (the candidate) and in the "
+            "reference environment on the same machine, their rounds taken in turns: each figure's change is the "
+            "candidate's median against the reference's, with its 95% interval and verdict word where the rounds "
+            "give one; KL mean and top-1 compare the candidate's distributions with the reference's.")
+
+
+def _ab_part(report: Mapping[str, Any]) -> dict[str, Any]:
+    return _part(report, "ab")
+
+
+def ab_candidate(report: Mapping[str, Any], test: Mapping[str, Any]) -> Any:
+    """The candidate stack a row was measured in: its shard's in a merged report, else the report's."""
+    shards, index = report.get("shards"), test.get("shard")
+    if isinstance(shards, list) and isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(shards):
+        shard = shards[index]
+        ab = shard.get("ab") if isinstance(shard, dict) else None
+        if isinstance(ab, dict) and ab.get("candidate") is not None:
+            return ab["candidate"]
+    return _ab_part(report).get("candidate")
+
+
+def ab_stacks_text(candidate: Any, reference: Any) -> str:
+    """``candidate (transformers 5.24.0) vs reference (transformers 5.22.0)``: only the packages whose versions
+    differ; ``candidate vs reference (identical stacks)`` when none does."""
+    cand, ref = stack_versions(candidate), stack_versions(reference)
+    pairs = differing_versions(cand, ref)
+    if pairs:
+        return (f"candidate ({', '.join(f'{name} {version_text(c)}' for name, c, _ in pairs)}) vs reference "
+                f"({', '.join(f'{name} {version_text(r)}' for name, _, r in pairs)})")
+    if stack_note(cand, ref) == IDENTICAL_STACKS:
+        return f"candidate vs reference ({IDENTICAL_STACKS})"
+    return "candidate vs reference"
+
+
+def _ab_figure_text(metric: str, figure: Mapping[str, Any]) -> str:
+    """``latency +12.0% [+8.0%, +16.0%] slower``; a change from 0 as both figures."""
+    change = _number(figure.get("change_pct"))
+    if change is None:
+        fmt = METRICS[metric].fmt
+        before, after = _number(figure.get("reference")), _number(figure.get("candidate"))
+        text = (f"{AB_LABELS[metric]} {MISSING if before is None else fmt(before)} -> "
+                f"{MISSING if after is None else fmt(after)}")
+    else:
+        text = f"{AB_LABELS[metric]} {change:+.1f}%"
+    interval = interval_text(figure.get("interval_pct"))
+    word = figure.get("word")
+    return " ".join(part for part in (text, interval, word if isinstance(word, str) else "") if part)
+
+
+def ab_line(report: Mapping[str, Any], test: Mapping[str, Any]) -> str:
+    """One test's A/B line: ``candidate (transformers 5.24.0) vs reference (transformers 5.22.0): latency +12.0%
+    [+8.0%, +16.0%] slower, ..., KL mean 0.0012, top-1 100.0%; regressed``."""
+    ab = test.get("ab")
+    if not isinstance(ab, dict):
+        return MISSING
+    stacks = ab_stacks_text(ab_candidate(report, test), ab.get("reference"))
+    if ab.get("mode") == BLOCKS:
+        stacks += ", rounds in alternating blocks"
+    found = ab.get("figures")
+    figures: dict[str, Any] = found if isinstance(found, dict) else {}
+    parts = [_ab_figure_text(metric, figures[metric]) for metric in FIGURES if isinstance(figures.get(metric), dict)]
+    similarity = ab.get("similarity")
+    if isinstance(similarity, dict):
+        if _number(similarity.get("kl_mean")) is not None:
+            parts.append(f"KL mean {format_kl(similarity['kl_mean'])}")
+        if _number(similarity.get("top1")) is not None:
+            parts.append(f"top-1 {format_percent(similarity['top1'])}")
+    line = f"{stacks}: {', '.join(parts) or 'no figure measured on both sides'}"
+    verdict = ab.get("verdict")
+    if verdict == NOT_JUDGED:
+        details = [one_line(str(d)) for d in ab.get("details") or []]
+        line += f"; {NOT_JUDGED}" + (f": {details[0]}" if details else "")
+    elif isinstance(verdict, str) and verdict:
+        noise = within_noise(ab)
+        line += f"; {verdict}" + (f" ({', '.join(noise)} within noise)" if noise else "")
+    return line
+
+
+AB_NO_ROWS = "No test of this report was measured in the reference environment."
+
+
+def has_ab(report: Mapping[str, Any]) -> bool:
+    """The report has an A/B section: a row with an A/B record, or the top-level ``ab`` of a run that had one."""
+    return bool(_ab_part(report)) or bool(ab_rows(report))
+
+
+def ab_lines(report: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """(test row, its A/B line) of every row with an A/B record, in the results table's order."""
+    return [(test, ab_line(report, test)) for test in sort_tests(ab_rows(report))]
+
+
+def ab_header_lines(report: Mapping[str, Any]) -> list[str]:
+    """The A/B section's head: the two interpreters, what differs between the stacks (only the packages whose
+    versions differ, or that they are identical), the gate's counts, and where a merge's shards disagree."""
+    top = _ab_part(report)
+    if not top and not ab_rows(report):
+        return []
+    candidate, reference = top.get("candidate"), top.get("reference")
+    python = {role: stack.get("python") if isinstance(stack, dict) else None
+              for role, stack in (("candidate", candidate), ("reference", reference))}
+    lines = [f"candidate {python['candidate'] or MISSING} vs reference {python['reference'] or MISSING}"]
+    differs = top.get("differs")
+    if isinstance(differs, dict) and differs:
+        lines.append("what differs: " + ", ".join(
+            f"{name} {' / '.join(str(v) for v in values)}" if isinstance(values, list) else f"{name} {values}"
+            for name, values in differs.items()))
+    elif top.get("note") == IDENTICAL_STACKS:
+        lines.append(f"what differs: nothing ({IDENTICAL_STACKS}): both environments report the same versions, so "
+                     f"this A/B compares an environment with itself, a null comparison")
+    summary = top.get("summary")
+    if top.get("thresholds") and isinstance(summary, dict):
+        counts = ", ".join(f"{count} {verdict}" for verdict, count in summary.items())
+        lines.append(f"--opt-ab-fail={top['thresholds']}: {counts}")
+    if top.get("merge_note"):
+        lines.append(one_line(str(top["merge_note"])))
+    return lines
 

@@ -22,7 +22,8 @@ from ..files import JSON_INT_LIMIT, MAX_JSON_DEPTH, write_atomic  # the reader's
 from ..verdict.results import CALL_SUFFIX, call_nodeid, report_model_identity
 from ..units import failure_reason, format_duration
 from .schema import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, report_text, validate_report
-from .view import compile_cache_text, format_memory, format_percent, format_rate, terminal_table
+from .view import (AB_NO_ROWS, AB_TITLE, ab_header_lines, ab_lines, compile_cache_text, format_memory, format_percent,
+                   format_rate, has_ab, terminal_table)
 
 if TYPE_CHECKING:
     from ..session import OptSession, TestRecord
@@ -226,6 +227,10 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
     if noted:
         lines += ["", "notes:"]
         lines += [f"  {t['nodeid'].split('::')[-1]}: {note}" for t in noted for note in t["notes"]]
+    if has_ab(report):
+        compared = ab_lines(report)
+        lines += ["", f"{AB_TITLE}:"] + [f"  {line}" for line in ab_header_lines(report)]
+        lines += [f"  {t['nodeid'].split('::')[-1]}: {line}" for t, line in compared] or [f"  {AB_NO_ROWS}"]
     if report.get("advice"):
         lines += ["", "next change to try (advisor):"] + [f"  {line}" for line in report["advice"]["summary"]]
     env = report["environment"]
@@ -260,6 +265,8 @@ class SessionEnd:
     fails_run: list[str] = field(default_factory=list)  # the subset that changes the exit status
     compare_lines: list[str] = field(default_factory=list)
     regression_line: str | None = None
+    ab_lines: list[str] = field(default_factory=list)  # --opt-ab-fail: each regressed test, the counts
+    ab_line: str | None = None  # why --opt-ab-fail fails the run
     history_line: str | None = None  # where --opt-history recorded the run
 
 
@@ -344,6 +351,7 @@ class ReportWriter:
             return None
         report["advice"] = self._advice(report)
         self._compare(report)
+        self._ab(report)
         return self._extra(report)
 
     def _advice(self, report: dict[str, Any]) -> dict[str, Any] | None:
@@ -380,6 +388,27 @@ class ReportWriter:
         elif unjudged is not None:  # a gate that judged nothing does not pass
             self.end.regression_line = f"{PREFIX}{gate} against {against}: {unjudged}: the run fails"
 
+    def _ab(self, report: dict[str, Any]) -> None:
+        """--opt-ab: each row's A/B record completed and the report's top-level ``ab``; with --opt-ab-fail, the
+        verdicts, the lines the session end prints and, on a regression or nothing judged, why the run fails."""
+        thresholds = _ab_thresholds(self.settings)
+        if not thresholds and not any(isinstance(t.get("ab"), dict) for t in report["tests"]):
+            return
+        from .ab import complete_ab, describe_thresholds, gate_lines
+
+        source = getattr(self.settings, "ab_fail_source", None) or self.settings.sources.get("ab_fail", "--opt-ab-fail")
+        text = getattr(self.settings, "ab_fail", None)
+        gate = f"{source}={text if isinstance(text, str) and text else describe_thresholds(thresholds)}"
+        try:
+            complete_ab(report, thresholds, getattr(self.session, "ab_candidate", None))
+            lines, failure = gate_lines(report, thresholds, gate) if thresholds else ([], None)
+        except Exception as exc:  # a gate that cannot judge must not pass silently
+            self._problem(f"{gate if thresholds else '--opt-ab'}: could not judge the A/B records: "
+                          f"{describe_error(exc)}", fails_run=bool(thresholds))
+            return
+        self.end.ab_lines = ["", *lines] if lines else []
+        self.end.ab_line = PREFIX + failure if failure else None
+
     def _extra(self, report: dict[str, Any]) -> dict[str, Any]:
         """The ``pytest_opt_report_extra`` hook, then one JSON-safe document (see ``_clean``).
 
@@ -408,8 +437,8 @@ class ReportWriter:
         return cleaned  # type: ignore[no-any-return]  # _clean keeps a dict a dict
 
     def finish(self, exit_status: int) -> int:
-        """At session end: write every report file; a regression past --opt-compare-fail, or a requested
-        report that could not be written, fails a run whose tests passed. Never raises."""
+        """At session end: write every report file; a regression past --opt-compare-fail or --opt-ab-fail, or a
+        requested report that could not be written, fails a run whose tests passed. Never raises."""
         if self.session.is_xdist_worker:  # the controller writes the merged report
             return exit_status
         try:
@@ -421,7 +450,7 @@ class ReportWriter:
                 self._write_files(report)
         except Exception as exc:  # a last guard: the stages above catch their own
             self._problem(f"could not finish the report: {describe_error(exc)}", fails_run=bool(self._requested()))
-        failed = bool(self.end.fails_run or self.end.regression_line)
+        failed = bool(self.end.fails_run or self.end.regression_line or self.end.ab_line)
         if failed and exit_status == pytest.ExitCode.OK:
             return REPORT_NOT_WRITTEN_STATUS
         return exit_status
@@ -440,15 +469,18 @@ class ReportWriter:
                     lines = ["no test used opt_bench, opt_model or opt_baseline_model" if end.nothing_ran
                              else "no report: it could not be built (below)"]
                 else:
-                    lines = terminal_lines(report) + end.compare_lines
+                    lines = terminal_lines(report) + end.compare_lines + end.ab_lines
                 for line in lines:
                     reporter.write_line(line)
-            elif end.regression_line:  # the details the exit status rests on
-                for line in end.compare_lines[1:]:
+            else:
+                if end.regression_line:  # the details the exit status rests on
+                    for line in end.compare_lines[1:]:
+                        reporter.write_line(line)
+                for line in end.ab_lines[1:]:  # --opt-ab-fail's verdicts: said in every verbosity mode
                     reporter.write_line(line)
         except Exception as exc:
             self._problem(f"could not print the report: {describe_error(exc)}")
-        for line in end.problems + ([end.regression_line] if end.regression_line else []):
+        for line in end.problems + [line for line in (end.regression_line, end.ab_line) if line]:
             reporter.write_line(line, red=True)
         if end.history_line and reporter.verbosity >= -1:  # said under -q too; -qq hides it
             reporter.write_line(end.history_line)
@@ -535,6 +567,14 @@ class ReportWriter:
                           f"out of the trends: {'; '.join(history.left_out[:3])}"
                           + (f"; and {len(history.left_out) - 3} more" if len(history.left_out) > 3 else ""))
         return history
+
+
+def _ab_thresholds(settings: Any) -> list[Any]:
+    """--opt-ab-fail, parsed: the settings' ``ab_thresholds`` (``ab_fail`` where that holds the parsed list)."""
+    thresholds = getattr(settings, "ab_thresholds", None)
+    if thresholds is None:
+        thresholds = getattr(settings, "ab_fail", None)
+    return list(thresholds) if isinstance(thresholds, list) else []
 
 
 def _append(path: str, text: str) -> None:

@@ -252,6 +252,16 @@ DOCS = "https://huggingface.co/docs/transformers/main/en"
 HALF_DTYPES = ("float16", "bfloat16")
 
 
+def checked_probe(technique: Technique, ctx: ProbeContext) -> str | None:
+    """``technique.probe(ctx)``, checked: a custom technique's probe that returns anything but None or a
+    reason is a bug in that technique, named as one (not a skip with a reason of ``42``)."""
+    reason = technique.probe(ctx)
+    if reason is None or (isinstance(reason, str) and reason.strip()):
+        return reason
+    raise OptConfigError(f"technique {technique.label()}: probe() returned {reason!r} ({type(reason).__name__}); "
+                         f"it must return None when the technique can run here, or a non-empty str saying why not")
+
+
 def version_ok(installed: str | None, spec: str) -> bool:
     if installed is None:
         return False

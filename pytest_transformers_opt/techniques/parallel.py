@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..compat import package_version
 from ..errors import OptConfigError
-from .base import DOCS, ProbeContext, Technique
+from .base import DOCS, ProbeContext, Technique, version_ok
+
+UNEVEN_LM_HEAD_SINCE = "5.21"
 
 
 def distributed_reason(device_type: str, device_count: int, tp_size: int) -> str | None:
@@ -53,6 +56,14 @@ def tensor_parallel_probe(device_type: str, device_count: int, tp_size: int, mod
     if uneven:
         return (f"tensor_parallel(tp_size={tp_size}) needs attention heads and key/value heads divisible by "
                 f"{tp_size}; found: {model_type} with {heads} attention heads and {kv_heads} key/value heads")
+    vocab = getattr(text_config, "vocab_size", None)
+    installed = package_version("transformers")
+    # before 5.21 transformers gathers lm_head's column-sharded output whole and refuses an uneven split
+    # ("The output size of `lm_head` (511) must be divisible by the tensor parallel size (2)")
+    if isinstance(vocab, int) and vocab % tp_size and installed and not version_ok(installed, f">={UNEVEN_LM_HEAD_SINCE}"):
+        return (f"tensor_parallel(tp_size={tp_size}) with transformers {installed} needs vocab_size divisible by "
+                f"{tp_size} (transformers {UNEVEN_LM_HEAD_SINCE} and later shard an uneven lm_head); found: {model_type} "
+                f"with vocab_size {vocab}")
     return None
 
 

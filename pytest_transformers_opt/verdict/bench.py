@@ -28,6 +28,7 @@ from ..engine.loading import ModelRequest
 from ..engine.model import LoadedModel, OptModel
 from ..engine.measure import PeakReading, Timings, load_transient_note, track_peak_memory
 from ..engine.progress import Work, long_work
+from .reference_side import ReferenceSide
 from .results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload, model_arguments, report_model_identity
 from .sequential import MAX_WARMUP, RoundsDecision, keep_going, parse_rounds
 from .similarity import compare_runs, diverged, forced_run_note
@@ -237,6 +238,23 @@ def _stored_context(session: "OptSession", plan: "TestPlan", workload: Workload)
     return StoredContext(store, key, stored, ok, why)
 
 
+AB_NOT_FOR_TENSOR_PARALLEL = ("--opt-ab: no A/B for tensor_parallel (its ranks are torchrun processes of this "
+                              "environment; the reference has no worker for them)")
+
+
+def _reference_metrics(timings: Timings, loaded: dict[str, Any], run: Any) -> SideMetrics:
+    """The reference environment's optimized side, in the same figures as the candidate's (``_side``)."""
+    generation_peak = run.generation_peak_bytes
+    resident = loaded.get("resident_bytes")
+    peak = resident + generation_peak if resident is not None and generation_peak is not None \
+        else loaded.get("load_peak_bytes")
+    side = _side(timings, peak=peak, load_time=loaded.get("load_time_s"), texts=list(run.texts),
+                 memory_method=run.memory_method or loaded.get("memory_method") or "")
+    side.load_peak_bytes, side.resident_bytes = loaded.get("load_peak_bytes"), resident
+    side.generation_peak_bytes = generation_peak
+    return side
+
+
 MEASURE_ANNOUNCE_AFTER_S = 20.0  # then a line every progress.HEARTBEAT_S: no silence over 30 s
 
 
@@ -290,8 +308,11 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
     if stored_ctx is None or stored is None or not stored_ctx.measurements_ok:
         base = get_base()
     if opt.tensor_parallel_size:
-        return Measurement(_run_tensor_parallel_bench(session, plan, get_base() if base is None else base, opt,
-                                                      workload, once))
+        result = _run_tensor_parallel_bench(session, plan, get_base() if base is None else base, opt, workload, once)
+        if session.settings.ab:
+            result.notes.append(AB_NOT_FOR_TENSOR_PARALLEL)
+        return Measurement(result)
+    ab = ReferenceSide.start(session, plan, opt, workload, check_length) if session.settings.ab else None
 
     base_timings, opt_timings = Timings(), Timings()
     minimum, maximum = warmup_bounds(workload.warmup, opt.generation.compile, session.hardware.is_cuda)
@@ -303,6 +324,8 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         base_timings.warmup_s.extend(seconds)
         seconds.insert(0, once(opt).timing.total_s)
         opt_timings.warmup_s.append(seconds[0])
+        if ab is not None:
+            seconds.append(ab.warm(session))
         return tuple(seconds)
 
     # The asked-for rounds first (they include any compilation, and keep one-time costs out of the
@@ -335,6 +358,12 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         work.status = "forced run (the baseline's tokens)"
         forced = once(opt, force_tokens=target).logprobs
         notes.append(forced_run_note(len(target), workload.max_new_tokens))
+    if ab is not None:
+        work.status = "reference environment's verification run"
+        # identical contexts on both sides: the baseline's tokens, or the candidate's own where none are known
+        ab_target = target if target is not None else verification.tokens
+        ab.verify(session, ab_target)
+        ab.compare(verification.tokens, forced if diverged(ab_target, verification.tokens) else verification.logprobs)
     if stored_ctx is not None and stored is not None:  # stored comes from stored_ctx
         similarity = similarity_against_stored(stored, verification.tokens, verification.logprobs,
                                                workload.max_new_tokens, forced)
@@ -354,8 +383,12 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
 
     def timed_round(index: int, of: str) -> None:
         work.status = f"timed round {index + 1}/{of}"
-        sides = [s for s in ((base, opt) if index % 2 == 0 else (opt, base)) if s is not None]
+        # the candidate's optimized side and the reference's (--opt-ab) also take turns at going first
+        sides: list[Any] = [s for s in ((base, opt, ab) if index % 2 == 0 else (ab, opt, base)) if s is not None]
         for side in sides:
+            if side is ab:
+                ab.timed_round(session)
+                continue
             run = once(side)
             (base_timings if side is base else opt_timings).rounds.append(run.timing)
 
@@ -429,6 +462,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
                           recompiles=sum(recompiles) if opt.generation.compile else None, loaded=opt.loaded)
         optimized.paged_cache_bytes = verification.evidence.paged_cache_bytes
         result = OptResult(
+            ab=ab.record(_reference_metrics) if ab is not None else None,
             baseline=baseline,
             optimized=optimized,
             similarity=similarity, workload=workload, techniques=plan.declared, baseline_techniques=plan.baseline.labels,

@@ -144,6 +144,8 @@ class OptResult:
     memory_ratio_interval: tuple[float, float] | None = None
     memory_ratio_verdict: str | None = None
     memory_ratio_interval_note: str | None = None
+    # --opt-ab: the optimized configuration in the reference environment (reference_side.ReferenceSide.record)
+    ab: dict[str, Any] | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -198,7 +200,7 @@ class OptResult:
         sim = None
         if self.similarity:
             sim = {k: (clean(v) if isinstance(v, float) else v) for k, v in self.similarity.to_dict().items()}
-        return {
+        data = {
             "model": self.model,
             "techniques": list(self.techniques),
             "baseline_techniques": list(self.baseline_techniques),
@@ -220,3 +222,6 @@ class OptResult:
             "rounds_decision": self.rounds_decision,
             "estimates": {k: v for k, v in self.estimates.items() if math.isfinite(v)},
         }
+        if self.ab is not None:  # only with --opt-ab: a row without it keeps its earlier layout
+            data["ab"] = self.ab
+        return data

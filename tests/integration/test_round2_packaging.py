@@ -3,7 +3,7 @@
 Item 35: the package as a user installs it. Its sdist and wheel pass ``twine check --strict``
 and carry the Apache-2.0 licence (SPDX expression and the LICENSE file), the project's URLs and the Python
 versions it supports; the floors the oldest-versions CI job installs are the floors pyproject.toml
-declares, at versions that work together (transformers 5.21 needs accelerate 1.1)."""
+declares, at versions that work together (transformers 5.17 needs accelerate 1.1)."""
 
 from __future__ import annotations
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
 TESTS_YML = WORKFLOWS / "tests.yml"
 GATE_YML = WORKFLOWS / "gpu-gate.yml"
+AB_YML = WORKFLOWS / "dependency-ab.yml"
+REFERENCE_ENV = ROOT / "scripts" / "reference_env.sh"
 PROJECT_ACTIONLINT_CONFIG = ROOT / ".github" / "actionlint.yaml"
 
 # Used when the project has no .github/actionlint.yaml: the gate's runner carries the custom label "gpu".
@@ -24,6 +28,7 @@ DEFAULT_ACTIONLINT_CONFIG = "self-hosted-runner:\n  labels:\n    - gpu\n"
 
 REQUIRED = "sdpa,static_cache,compile,bnb_4bit,flash_attention_2"
 COMPARE_FAIL = "latency:10%,peak_memory:5%,kl_mean:0.01"
+AB_FAIL = "latency:5%,peak_memory:5%,kl_mean:0.01"
 
 
 def _actionlint() -> str:
@@ -372,3 +377,287 @@ def test_the_merge_step_fails_when_no_shard_uploaded_a_report(tmp_path: Path) ->
     step = _named_step(_load(GATE_YML), "merge", "Merge, gate")
     result = _run_step(tmp_path, step, tmp_path, {"pytest-opt": "exit 0\n"})
     assert result.returncode == 1 and "No shard uploaded a report" in result.stdout
+
+
+# --------------------------------------------------------------------------- dependency-ab.yml
+
+
+def _github_paths(pattern: str) -> re.Pattern[str]:
+    """A path filter as GitHub reads it: * within one folder, ** across folders (**/ also none), ? one character."""
+    parts, index = [], 0
+    while index < len(pattern):
+        if pattern.startswith("**/", index):
+            parts.append("(?:.*/)?")
+            index += 3
+        elif pattern.startswith("**", index):
+            parts.append(".*")
+            index += 2
+        else:
+            parts.append({"*": "[^/]*", "?": "[^/]"}.get(pattern[index], re.escape(pattern[index])))
+            index += 1
+    return re.compile("".join(parts) + r"\Z")
+
+
+def _triggers(path: str) -> bool:
+    patterns = _load(AB_YML)["on"]["pull_request"]["paths"]
+    return any(_github_paths(pattern).match(path) for pattern in patterns)
+
+
+def _ab_step(words: str) -> dict[str, Any]:
+    return _named_step(_load(AB_YML), "ab", words)
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+    done = subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.strip()
+
+
+def _wheel(folder: Path, name: str, version: str) -> None:
+    """A pure-Python wheel of one module that knows its version: pip installs it with no index and no build."""
+    dist = f"{name}-{version}.dist-info"
+    files = {f"{name}.py": f"VERSION = {version!r}\n",
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{dist}/RECORD"])
+    folder.mkdir(exist_ok=True)
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+
+
+def _pyproject(dependencies: list[str], extras: dict[str, list[str]] | None = None) -> str:
+    optional = "".join(f"{name} = {requirements!r}\n".replace("'", '"') for name, requirements in (extras or {}).items())
+    return (f'[project]\nname = "ab-study-project"\nversion = "1.0"\ndependencies = {dependencies!r}\n'.replace("'", '"')
+            + (f"\n[project.optional-dependencies]\n{optional}" if optional else ""))
+
+
+def _offline_pip(wheels: Path) -> dict[str, str]:
+    """pip in the script's venv reads its options from the environment: only the test's wheels, no index."""
+    return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PYTHON": sys.executable}
+
+
+def _module_version(python: str, module: str) -> str:
+    done = subprocess.run([python, "-c", f"import {module}; print({module}.VERSION)"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    return done.stdout.strip() if done.returncode == 0 else "absent"
+
+
+def test_actionlint_finds_nothing_in_the_dependency_ab_workflow(tmp_path: Path) -> None:
+    result = _run_actionlint(tmp_path, AB_YML)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "" and result.stderr.strip() == ""
+
+
+@pytest.mark.parametrize("path", [
+    "pyproject.toml", "requirements.txt", "requirements-gpu.txt", "ci/requirements.txt", "requirements/cuda.txt",
+    "uv.lock", "poetry.lock", "requirements.lock", "requirements-dev.lock", "constraints.txt", "ci/constraints.txt",
+    ".github/oldest-constraints.txt", ".github/workflows/dependency-ab.yml",
+    "scripts/reference_env.sh",
+])
+def test_the_ab_workflow_runs_on_a_pull_request_that_changes_a_dependency_file(path: str) -> None:
+    assert _triggers(path), path
+
+
+@pytest.mark.parametrize("path", [
+    "README.md", "pytest_transformers_opt/plugin.py", "tests/integration/test_workflows.py",
+    "example_project/tests/test_attention_and_cache.py", "example_project/pyproject.toml", "docs/requirements.md",
+])
+def test_the_ab_workflow_does_not_run_for_other_changes(path: str) -> None:
+    assert not _triggers(path), path
+
+
+def test_every_dependency_file_of_this_repository_triggers_the_ab_workflow() -> None:
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                             check=True).stdout.splitlines()
+    dependency_files = [path for path in tracked
+                        if re.search(r"(^|/)(requirements[^/]*\.txt|[^/]*constraints[^/]*\.txt|[^/]*\.lock)$", path)
+                        or path == "pyproject.toml"]
+    assert "pyproject.toml" in dependency_files and ".github/oldest-constraints.txt" in dependency_files
+    assert [path for path in dependency_files if not _triggers(path)] == []
+
+
+def test_the_ab_job_runs_on_the_gate_s_gpu_runner_for_pull_requests_and_not_for_forks() -> None:
+    workflow = _load(AB_YML)
+    assert set(workflow["on"]) == {"pull_request", "workflow_dispatch"}  # no push: a push has no base to compare with
+    assert workflow["permissions"] == {"contents": "read"}
+    assert set(workflow["jobs"]) == {"ab"}
+    job = workflow["jobs"]["ab"]
+    assert job["runs-on"] == ["self-hosted", "${{ fromJSON(vars.OPT_GATE_GPUS || '[\"gpu\"]')[0] }}"]
+    assert "github.event.pull_request.head.repo.full_name == github.repository" in job["if"]
+    steps = job["steps"]
+    _step_using(steps, "actions/checkout@")
+    order = [steps.index(_ab_step(words)) for words in ("reference environment", "candidate environment",
+                                                        "optimization tests")]
+    assert [steps.index(_step_using(steps, "actions/checkout@")), *order] == sorted(
+        [steps.index(_step_using(steps, "actions/checkout@")), *order])
+    upload = _step_using(steps, "actions/upload-artifact@")
+    assert upload["if"] == "always()"
+    assert upload["with"] == {"name": "opt-ab-report", "path": "example_project/opt-report.json",
+                              "if-no-files-found": "warn"}
+    assert steps.index(upload) > order[-1]
+
+
+def test_the_ab_job_relies_on_the_plugin_for_the_step_summary() -> None:
+    run = _ab_step("optimization tests")
+    assert "GITHUB_STEP_SUMMARY" not in run["run"]  # the plugin appends opt-report.md itself
+    assert "--opt-report-md=opt-report.md" in run["run"]
+    assert "$GITHUB_STEP_SUMMARY by itself" in AB_YML.read_text(encoding="utf-8")
+
+
+def test_reference_env_builds_a_venv_from_a_ref_s_dependency_files_and_prints_its_python(tmp_path: Path) -> None:
+    """The files at the ref, not the work tree's: pyproject.toml's dependencies and the extras asked for,
+    requirements*.txt (with the nested file it includes), constraints*.txt and those named in CONSTRAINTS; the
+    project itself is not installed."""
+    wheels = tmp_path / "wheels"
+    for name, version in (("abdep_one", "1.0"), ("abdep_one", "2.0"), ("abdep_two", "1.0"), ("abdep_extra", "1.0"),
+                          ("abdep_extra", "2.0"), ("abdep_req", "1.0"), ("abdep_unused_extra", "1.0")):
+        _wheel(wheels, name, version)
+    repo = tmp_path / "repo"
+    (repo / "requirements").mkdir(parents=True)
+    (repo / "ci").mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    (repo / "pyproject.toml").write_text(
+        _pyproject(["abdep_one"], {"gpu": ["abdep_extra"], "docs": ["abdep_unused_extra"]}), encoding="utf-8")
+    (repo / "requirements.txt").write_text("-r requirements/more.txt\n", encoding="utf-8")
+    (repo / "requirements" / "more.txt").write_text("abdep_req\n", encoding="utf-8")
+    (repo / "constraints.txt").write_text("abdep_one==1.0\n", encoding="utf-8")
+    (repo / "ci" / "pins.txt").write_text("abdep_extra==1.0\n", encoding="utf-8")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "base")
+    (repo / "pyproject.toml").write_text(_pyproject(["abdep_two"]), encoding="utf-8")
+    _git(repo, "rm", "-q", "requirements.txt", "constraints.txt")
+    _git(repo, "commit", "-q", "-am", "the pull request")
+
+    result = subprocess.run(["bash", str(REFERENCE_ENV), "HEAD~1", "reference"], cwd=repo,
+                            env={**os.environ, **_offline_pip(wheels), "EXTRAS": "gpu", "CONSTRAINTS": "ci/pins.txt"},
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    python = str(repo / "reference" / "bin" / "python")
+    assert result.stdout == python + "\n"  # the one line on stdout: the interpreter, for --opt-ab=
+    listed = re.findall(r"^([\w.-]+)==", result.stderr, re.MULTILINE)  # pip's list of what the venv holds, on stderr
+    assert {"abdep_one", "abdep_extra", "abdep_req"} <= {name.replace("-", "_") for name in listed}
+    assert "ab_study_project" not in {name.replace("-", "_") for name in listed}  # the project itself is not installed
+    prefix = subprocess.run([python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True,
+                            timeout=60, check=True).stdout.strip()
+    assert Path(prefix) == repo / "reference"
+    versions = {module: _module_version(python, module)
+                for module in ("abdep_one", "abdep_two", "abdep_extra", "abdep_req", "abdep_unused_extra")}
+    assert versions == {"abdep_one": "1.0", "abdep_two": "absent", "abdep_extra": "1.0", "abdep_req": "1.0",
+                        "abdep_unused_extra": "absent"}
+    record = repo / "reference" / "dependency-files"  # what it was built from, kept beside it
+    assert sorted(str(p.relative_to(record)) for p in record.rglob("*.t*")) == [
+        "ci/pins.txt", "constraints.txt", "project-requirements.txt", "pyproject.toml", "requirements.txt",
+        "requirements/more.txt"]
+
+
+@pytest.mark.parametrize("case", ["unknown ref", "dest not a venv", "no extra"])
+def test_reference_env_refuses_with_one_line_and_prints_no_python(tmp_path: Path, case: str) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    (repo / "pyproject.toml").write_text(_pyproject([]), encoding="utf-8")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "base")
+    ref, dest, extras = "HEAD", "reference", ""
+    if case == "unknown ref":
+        ref = "origin/no-such-branch"
+    elif case == "dest not a venv":
+        (repo / "reference").mkdir()
+        (repo / "reference" / "keep.txt").write_text("mine\n", encoding="utf-8")
+    else:
+        extras = "gpu"
+    result = subprocess.run(["bash", str(REFERENCE_ENV), ref, dest], cwd=repo,
+                            env={**os.environ, **_offline_pip(tmp_path), "EXTRAS": extras},
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode != 0 and result.stdout == ""
+    expected = {"unknown ref": "origin/no-such-branch is not a commit of this repository",
+                "dest not a venv": "reference exists and is not a virtual environment",
+                "no extra": "pyproject.toml at the ref has no extra gpu (it has: none)"}[case]
+    assert expected in result.stderr
+    if case == "dest not a venv":
+        assert (repo / "reference" / "keep.txt").read_text(encoding="utf-8") == "mine\n"  # left as it was
+    else:
+        assert not (repo / "reference").exists()  # refused before any venv was made
+
+
+def test_the_ab_steps_run_pytest_with_the_reference_python_built_from_the_base_branch(tmp_path: Path) -> None:
+    """The reference step for real (a clone whose origin has the base branch, the real script, no index), then the
+    pytest step with a stand-in candidate interpreter: --opt-ab names the python the script printed."""
+    wheels = tmp_path / "wheels"
+    for name in ("abdep_base", "abdep_pr", "abdep_quant", "abdep_gguf"):
+        _wheel(wheels, name, "1.0")
+    extras = {"quantization": ["abdep_quant"], "real-model": ["abdep_gguf"]}  # the job's EXTRAS
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    _git(upstream, "init", "-q", "-b", "main")
+    (upstream / "pyproject.toml").write_text(_pyproject(["abdep_base"], extras), encoding="utf-8")
+    _git(upstream, "add", ".")
+    _git(upstream, "commit", "-q", "-m", "main")
+    work = tmp_path / "work"
+    _git(tmp_path, "clone", "-q", str(upstream), str(work))
+    (work / "pyproject.toml").write_text(_pyproject(["abdep_pr"], extras), encoding="utf-8")
+    _git(work, "commit", "-q", "-am", "the pull request")
+    (work / "scripts").mkdir()
+    shutil.copy(REFERENCE_ENV, work / "scripts" / "reference_env.sh")
+    (work / "example_project").mkdir()
+
+    job = _load(AB_YML)["jobs"]["ab"]
+    step = _ab_step("reference environment")
+    assert step["env"]["BASE_REF"] == "${{ github.base_ref || inputs.reference }}"
+    outputs = tmp_path / "github_output"
+    runner_temp = tmp_path / "runner-temp"
+    runner_temp.mkdir()
+    env = {**job["env"], **_offline_pip(wheels), "BASE_REF": "main", "RUNNER_TEMP": str(runner_temp),
+           "GITHUB_OUTPUT": str(outputs)}
+    result = _run_step(tmp_path, step, work, {}, env)
+    assert result.returncode == 0, result.stderr
+    (line,) = outputs.read_text(encoding="utf-8").splitlines()
+    assert line == f"python={runner_temp}/opt-ab/reference/bin/python"
+    reference_python = line.split("=", 1)[1]
+    assert {m: _module_version(reference_python, m) for m in ("abdep_base", "abdep_pr", "abdep_quant", "abdep_gguf")} \
+        == {"abdep_base": "1.0", "abdep_pr": "absent", "abdep_quant": "1.0", "abdep_gguf": "1.0"}
+
+    run = _ab_step("optimization tests")
+    assert run["working-directory"] == "example_project"
+    assert run["env"] == {"CANDIDATE_PYTHON": "${{ steps.candidate.outputs.python }}",
+                          "REFERENCE_PYTHON": "${{ steps.reference.outputs.python }}"}
+    assert step["id"] == "reference" and _ab_step("candidate environment")["id"] == "candidate"
+    args_file = tmp_path / "args.txt"
+    result = _run_step(tmp_path, run, work / "example_project", {"candidate-python": RECORD_ARGS},
+                       {"ARGS_FILE": str(args_file), "CANDIDATE_PYTHON": str(tmp_path / "bin" / "candidate-python"),
+                        "REFERENCE_PYTHON": reference_python})
+    assert result.returncode == 0, result.stderr
+    assert args_file.read_text(encoding="utf-8").splitlines() == [
+        "-m", "pytest", "--opt-report", f"--opt-ab={reference_python}", f"--opt-ab-fail={AB_FAIL}",
+        "--opt-budgets=warn", "--opt-report-json=opt-report.json", "--opt-report-md=opt-report.md"]
+
+
+def test_the_candidate_step_installs_this_checkout_into_the_env_built_from_head(tmp_path: Path) -> None:
+    step = _ab_step("candidate environment")
+    work = tmp_path / "work"
+    (work / "scripts").mkdir(parents=True)
+    python = tmp_path / "bin" / "candidate-python"
+    # a stand-in script: records its arguments, prints the interpreter as the real one does
+    (work / "scripts" / "reference_env.sh").write_text(
+        f'printf "%s\\n" "$@" > "$SCRIPT_ARGS"\nprintf "%s\\n" {python}\n', encoding="utf-8")
+    outputs, script_args, args_file = tmp_path / "github_output", tmp_path / "script.txt", tmp_path / "args.txt"
+    result = _run_step(tmp_path, step, work, {"candidate-python": RECORD_ARGS},
+                       {"ARGS_FILE": str(args_file), "SCRIPT_ARGS": str(script_args), "RUNNER_TEMP": "/runner-temp",
+                        "GITHUB_OUTPUT": str(outputs)})
+    assert result.returncode == 0, result.stderr
+    assert script_args.read_text(encoding="utf-8").splitlines() == ["HEAD", "/runner-temp/opt-ab/candidate"]
+    assert args_file.read_text(encoding="utf-8").splitlines() == ["-m", "pip", "install", "--no-deps", "-e", "."]
+    assert outputs.read_text(encoding="utf-8") == f"python={python}\n"
+
+
+@pytest.mark.parametrize("status", [0, 1, 2], ids=["ok", "regressed", "usage-error"])
+def test_the_ab_run_step_fails_when_pytest_fails(tmp_path: Path, status: int) -> None:
+    """--opt-ab-fail's regression is pytest's exit status 1, and that is the job's."""
+    project = tmp_path / "example_project"
+    project.mkdir()
+    result = _run_step(tmp_path, _ab_step("optimization tests"), project, {"candidate-python": f"exit {status}\n"},
+                       {"CANDIDATE_PYTHON": str(tmp_path / "bin" / "candidate-python"), "REFERENCE_PYTHON": "/ref/python"})
+    assert result.returncode == status

@@ -1,0 +1,186 @@
+"""``--opt-ab``: this environment (the candidate) against a reference environment, figure by figure.
+
+Both environments ran a test's optimized configuration on the same machine, their timed rounds taken in
+turns (``mode: interleaved``) or, where the device could not hold both models, as alternating blocks
+(``mode: blocks``). A figure's change is the candidate's median against the reference's, in percent; where
+both sides keep their rounds (latency), its 95% interval is the bootstrap of ``verdict.stats`` (whole
+rounds resampled when they were taken in turns, so a slow spell of the machine shared by both sides
+cancels) and its p-value the one-sided Mann-Whitney test the speed budgets use, in the direction of the
+change. The word is the plugin's own: faster / slower where the interval excludes no change (without an
+interval, where the rank test is significant), larger / smaller for peak memory past the memory budgets'
+slack, otherwise no significant difference.
+
+The gate (``--opt-ab-fail``) is judged in ``report.ab`` by ``--opt-compare-fail``'s rules; here is what it
+may name: speedup and memory_ratio need a baseline, which the reference does not run.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import OptConfigError
+from ..units import format_bytes
+from .budgets import MEMORY_SLACK_BYTES, MEMORY_SLACK_FRACTION
+from .results import FASTER, LARGER, NO_DIFFERENCE, SLOWER, SMALLER
+from .stats import MIN_BOOTSTRAP_SAMPLES, SIGNIFICANCE, mann_whitney_greater, median_ratio_interval
+
+if TYPE_CHECKING:
+    from ..report.compare import Threshold
+
+# metric -> (key on a side, per-round samples key or None, higher is better), in the order the reports show them
+FIGURES: dict[str, tuple[str, str | None, bool]] = {
+    "latency": ("latency_s", "latency_samples_s", False),
+    "ttft": ("ttft_s", None, False),
+    "tpot": ("tpot_s", None, False),
+    "throughput": ("throughput_tok_s", None, True),
+    "peak_memory": ("peak_memory_bytes", None, False),
+}
+AB_METRICS: tuple[str, ...] = (*FIGURES, "kl_mean", "kl_max", "top1", "token_match")
+"""What ``--opt-ab-fail`` may name (``report.compare.METRICS`` less ``REFUSED_METRICS``)."""
+REFUSED_METRICS: tuple[str, ...] = ("speedup", "memory_ratio")
+IDENTICAL_STACKS = "identical stacks"
+BLOCKS = "blocks"
+NOT_INSTALLED = "not installed"
+
+
+def check_ab_thresholds(thresholds: Sequence["Threshold"], where: str = "--opt-ab-fail") -> list["Threshold"]:
+    """``thresholds`` (parsed by ``report.compare.parse_compare_fail``) when each names a figure both environments
+    measure; else an OptConfigError naming ``where`` and what it accepts."""
+    for threshold in thresholds:
+        if threshold.metric in REFUSED_METRICS:
+            raise OptConfigError(
+                f"{where}: {threshold.describe()!r} cannot be judged across environments: {threshold.metric} is a "
+                f"ratio to the baseline, which the reference environment does not run; accepted: "
+                f"{', '.join(AB_METRICS)}")
+    return list(thresholds)
+
+
+def _number(value: Any) -> float | None:
+    """A finite float, or None (missing, null, not a number, not finite)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _samples(side: Mapping[str, Any], key: str | None, median: float) -> list[float] | None:
+    """A side's per-round samples, when they are finite numbers that give its median (an edited record's do not)."""
+    values = side.get(key) if key is not None else None
+    if not isinstance(values, list) or not values:
+        return None
+    samples = [_number(value) for value in values]
+    clean = [value for value in samples if value is not None]
+    if len(clean) != len(samples) or not math.isclose(statistics.median(clean), median, rel_tol=1e-6, abs_tol=1e-12):
+        return None
+    return clean
+
+
+def _speed_word(low: float, high: float, higher_is_better: bool) -> str:
+    """The word of a candidate / reference ratio's interval: a change only where the interval excludes 1."""
+    if low > 1.0:
+        return FASTER if higher_is_better else SLOWER
+    if high < 1.0:
+        return SLOWER if higher_is_better else FASTER
+    return NO_DIFFERENCE
+
+
+def figure(metric: str, candidate: Mapping[str, Any], reference: Mapping[str, Any], *, paired: bool
+           ) -> dict[str, Any] | None:
+    """One figure's candidate-vs-reference record (see ``ab_figures``); None when either side lacks it."""
+    key, samples_key, higher_is_better = FIGURES[metric]
+    cand, ref = _number(candidate.get(key)), _number(reference.get(key))
+    if cand is None or ref is None:
+        return None
+    record: dict[str, Any] = {"candidate": cand, "reference": ref,
+                              "change_pct": 100.0 * (cand - ref) / abs(ref) if ref else None,
+                              "interval_pct": None, "p_value": None, "word": None, "note": None}
+    if metric == "peak_memory":  # read once per side: no spread to bound, the memory budgets' slack instead
+        slack = max(MEMORY_SLACK_BYTES, MEMORY_SLACK_FRACTION * ref)
+        record["word"] = LARGER if cand - ref > slack else SMALLER if ref - cand > slack else NO_DIFFERENCE
+        record["note"] = (f"peak memory is read once per side; the word allows {format_bytes(slack)} of "
+                          f"measurement slack, as the memory budgets do")
+        return record
+    cand_rounds, ref_rounds = _samples(candidate, samples_key, cand), _samples(reference, samples_key, ref)
+    if cand_rounds is None or ref_rounds is None:
+        record["note"] = f"no per-round {metric} samples on both sides: the medians' change only"
+        return record
+    greater, lesser = (cand_rounds, ref_rounds) if cand >= ref else (ref_rounds, cand_rounds)
+    record["p_value"] = mann_whitney_greater(greater, lesser)  # one-sided, in the direction of the change
+    interval = median_ratio_interval(cand_rounds, ref_rounds, paired=paired and len(cand_rounds) == len(ref_rounds))
+    if interval is not None:
+        low, high = interval
+        record["interval_pct"] = [100.0 * (low - 1.0), 100.0 * (high - 1.0)]
+        record["word"] = _speed_word(low, high, higher_is_better)
+        return record
+    record["note"] = (f"{min(len(cand_rounds), len(ref_rounds))} timed rounds on the smaller side: a 95% interval "
+                      f"needs at least {MIN_BOOTSTRAP_SAMPLES}; the word is the rank test's")
+    ratio = cand / ref if ref else math.inf
+    record["word"] = _speed_word(ratio, ratio, higher_is_better) if record["p_value"] < SIGNIFICANCE else NO_DIFFERENCE
+    return record
+
+
+def ab_figures(row: Mapping[str, Any], ab: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each figure both environments measured: ``{metric: {candidate, reference, change_pct, interval_pct,
+    p_value, word, note}}`` from the test row's ``optimized`` side (the candidate) and its ``ab`` record's
+    (the reference). The rounds are paired (taken in turns) unless the record's ``mode`` is ``blocks``."""
+    candidate, reference = row.get("optimized"), ab.get("optimized")
+    if not isinstance(candidate, Mapping) or not isinstance(reference, Mapping):
+        return {}
+    paired = ab.get("mode") != BLOCKS
+    figures = {}
+    for metric in FIGURES:
+        record = figure(metric, candidate, reference, paired=paired)
+        if record is not None:
+            figures[metric] = record
+    return figures
+
+
+# --------------------------------------------------------------------------- what differs
+
+
+def stack_versions(stack: Any) -> dict[str, str | None]:
+    """A stack's (``{"python", "python_version"?, "versions"}``) package versions, with ``python`` for the
+    interpreter's version where the stack records it."""
+    if not isinstance(stack, Mapping):
+        return {}
+    versions = stack.get("versions")
+    found: dict[str, str | None] = {}
+    if isinstance(versions, Mapping):
+        found = {str(name): None if version is None else str(version) for name, version in versions.items()}
+    if isinstance(stack.get("python_version"), str):
+        found = {"python": stack["python_version"], **found}
+    return found
+
+
+def differing_versions(candidate: Mapping[str, str | None], reference: Mapping[str, str | None]
+                       ) -> list[tuple[str, str | None, str | None]]:
+    """(package, candidate version, reference version) of each package both stacks report with different
+    versions (None: not installed), in the reference's order."""
+    return [(name, candidate[name], version) for name, version in reference.items()
+            if name in candidate and candidate[name] != version]
+
+
+def version_text(version: str | None) -> str:
+    return NOT_INSTALLED if version is None else version
+
+
+def what_differs(candidate: Mapping[str, str | None], reference: Mapping[str, str | None]) -> dict[str, list[str]]:
+    """Only the packages whose versions differ: ``{"transformers": ["5.24.0 (candidate)", "5.22.0 (reference)"]}``;
+    {} for identical stacks."""
+    return {name: [f"{version_text(cand)} (candidate)", f"{version_text(ref)} (reference)"]
+            for name, cand, ref in differing_versions(candidate, reference)}
+
+
+def stack_note(candidate: Mapping[str, str | None], reference: Mapping[str, str | None]) -> str | None:
+    """``identical stacks`` when every package both report has the same version (an A/B of an environment
+    against itself: a null comparison, and the report says so); None otherwise, or when no package is
+    reported by both (nothing to tell)."""
+    if not set(candidate) & set(reference) or differing_versions(candidate, reference):
+        return None
+    return IDENTICAL_STACKS

@@ -1,0 +1,126 @@
+"""``--opt-ab``: the test's optimized configuration once more, in the reference environment.
+
+The reference is another interpreter (another venv: the previous torch, main's lockfile); a worker
+process runs there (``engine.ab_client``), with this checkout's measurement code, so only the stack
+differs. ``run_bench`` drives it as a third side: it warms up with the others, runs its verification
+run after the candidate's (the memory reading, the proof that each technique ran there too, the
+distributions at the baseline's tokens), then takes its turn in every timed round, alternating with
+the candidate's optimized side, so both environments are measured on the same machine minutes apart,
+never jobs apart.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import pytest
+
+from ..engine.measure import Timings
+from ..errors import OptProofError
+from .similarity import Similarity, compare_runs, diverged
+
+if TYPE_CHECKING:
+    from ..engine.ab_client import ReferenceRun, ReferenceWorker
+    from ..engine.model import OptModel
+    from ..plan import TestPlan
+    from ..session import OptSession
+    from .results import Workload
+
+WHERE = "in the reference environment"
+
+
+class ReferenceSide:
+    """The optimized configuration in the reference environment, for one ``opt_bench`` call."""
+
+    def __init__(self, worker: "ReferenceWorker", key: str, opt: "OptModel", workload: "Workload",
+                 check_length: Callable[..., None], loaded: dict[str, Any]) -> None:
+        self.worker = worker
+        self.key = key
+        self.labels = opt.labels
+        self.workload = workload
+        self.timings = Timings()
+        self.loaded = loaded  # the worker's load figures: load_time_s, load_peak_bytes, resident_bytes ...
+        self._check_length = check_length
+        self.verification: "ReferenceRun | None" = None
+        self.logprobs_at_target: list[Any] | None = None
+        self.similarity: Similarity | None = None
+
+    @classmethod
+    def start(cls, session: "OptSession", plan: "TestPlan", opt: "OptModel", workload: "Workload",
+              check_length: Callable[..., None]) -> "ReferenceSide":
+        """Load the configuration in the reference (its worker started on first use); a technique the
+        reference cannot run skips the test, saying so; a reference that cannot be used fails it."""
+        worker = session.reference_worker()
+        key = repr(opt.loaded.key)
+        loaded = _call(session, lambda: worker.load(key, plan.optimized.request, plan.model_path, opt.techniques,
+                                                    session.device, session.conftests_registering_techniques()))
+        if loaded.get("skip"):
+            pytest.skip(f"--opt-ab: {loaded['skip']}")
+        return cls(worker, key, opt, workload, check_length, loaded)
+
+    def _generate(self, session: "OptSession", **kwargs: Any) -> "ReferenceRun":
+        workload = self.workload
+        run: "ReferenceRun" = _call(session, lambda: self.worker.generate(self.key, workload.prompts, workload.max_new_tokens,
+                                                          workload.batch_size, **kwargs))
+        self._check_length(run, f"reference-environment ({self.worker.python})", self.labels, workload)
+        return run
+
+    def warm(self, session: "OptSession") -> float:
+        seconds = self._generate(session).timing.total_s
+        self.timings.warmup_s.append(seconds)
+        return seconds
+
+    def timed_round(self, session: "OptSession") -> None:
+        self.timings.rounds.append(self._generate(session).timing)
+
+    def verify(self, session: "OptSession", target: list[list[int]] | None) -> None:
+        """The reference's verification run: memory, the proof that each technique ran there too, and its
+        distributions at ``target`` (the baseline's tokens), forced when its own tokens went elsewhere."""
+        run = self._generate(session, keep_logits=True, observe=True, memory=True)
+        if run.problems:
+            raise OptProofError(f"silent fallback {WHERE} ({self.worker.python}): {'; '.join(run.problems)}")
+        self.verification = run
+        if target is None or run.logprobs is None:
+            self.logprobs_at_target = run.logprobs
+        elif diverged(target, run.tokens):
+            self.logprobs_at_target = self._generate(session, force_tokens=target).logprobs
+        else:
+            self.logprobs_at_target = run.logprobs
+
+    def compare(self, candidate_tokens: list[list[int]], candidate_logprobs_at_target: list[Any] | None) -> None:
+        """KL(reference || candidate) and top-1 agreement at identical contexts (the baseline's tokens), and
+        how far the two environments' free-running greedy tokens agree."""
+        assert self.verification is not None
+        if candidate_logprobs_at_target is None or self.logprobs_at_target is None:
+            self.similarity = compare_runs(self.verification.tokens, candidate_tokens, self.workload.max_new_tokens)
+            return
+        self.similarity = compare_runs(self.verification.tokens, candidate_tokens, self.workload.max_new_tokens,
+                                       self.logprobs_at_target, candidate_logprobs_at_target,
+                                       forced_logprobs=candidate_logprobs_at_target)
+
+    def record(self, side_metrics: Callable[..., Any]) -> dict[str, Any]:
+        """The row's ``ab`` record: the reference stack, its optimized side, the cross-environment similarity.
+        Verdicts are computed from it when the report is built (``verdict.ab``)."""
+        assert self.verification is not None
+        optimized = side_metrics(self.timings, self.loaded, self.verification)
+        return {
+            "mode": "interleaved",
+            "reference": {"python": self.worker.python, "python_version": self.worker.python_version,
+                          "versions": dict(self.worker.versions)},
+            "optimized": optimized.to_dict(),
+            "similarity": self.similarity.to_dict() if self.similarity is not None else None,
+        }
+
+
+def _call(session: "OptSession", action: Callable[[], Any]) -> Any:
+    """Run one request to the worker; a dead worker or a failed request fails this test in one line (with
+    the worker's last lines), and the next test starts a new worker."""
+    from ..engine.ab_client import ReferenceError, ReferenceWorkerDied
+
+    try:
+        return action()
+    except ReferenceWorkerDied as exc:
+        session.forget_reference_worker()
+        pytest.fail(f"--opt-ab: the reference environment's worker died: {exc}", pytrace=False)
+    except ReferenceError as exc:
+        pytest.fail(f"--opt-ab: {WHERE}: {exc}", pytrace=False)

@@ -1,0 +1,224 @@
+"""--opt-ab end to end: a user's project run against a reference environment's interpreter, as a dependency
+PR's job runs it. The reference is a wrapper script that execs this same Python (what a venv's
+``bin/python`` is to the plugin: an interpreter path), so both stacks are the same and only what a test
+changes on purpose differs: a slowed side, a missing package, a crash."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# the slowed reference's sitecustomize: the study's own (benchmarks/ab_study.py), loaded from its file
+from benchmark_scripts import ab_study  # noqa: E402  (tests/ is on sys.path)
+
+AB_ROUNDS = ("--opt-rounds=6",)  # enough rounds per side for the rank test to reach significance
+
+TWO_TESTS = '''
+import pytest
+
+@pytest.mark.optimization("sdpa")
+def test_sdpa(opt_bench):
+    opt_bench(max_new_tokens=4)
+
+@pytest.mark.optimization("static_cache")
+def test_static_cache(opt_bench):
+    opt_bench(max_new_tokens=4)
+'''
+
+ONE_TEST = '''
+import pytest
+
+@pytest.mark.optimization("sdpa")
+def test_sdpa(opt_bench):
+    opt_bench(max_new_tokens=4)
+'''
+
+# This conftest slows every top-level module call of THIS process (the candidate) to twice its time; the
+# reference worker never imports it (it imports only conftests that register techniques)
+SLOW_CANDIDATE_CONFTEST = '''
+import time
+
+import torch
+
+_original = torch.nn.Module.__call__
+
+
+def pytest_sessionstart(session):
+    inside = []
+
+    def slowed(self, *args, **kwargs):
+        if inside:
+            return _original(self, *args, **kwargs)
+        inside.append(1)
+        started = time.perf_counter()
+        try:
+            return _original(self, *args, **kwargs)
+        finally:
+            inside.pop()
+            until = time.perf_counter() + (time.perf_counter() - started)
+            while time.perf_counter() < until:
+                pass
+
+    torch.nn.Module.__call__ = slowed
+
+
+def pytest_sessionfinish(session):
+    torch.nn.Module.__call__ = _original
+'''
+
+
+def _wrapper(path: Path, pythonpath: Path | None = None, before: str = "") -> str:
+    """A reference interpreter: a script that execs this Python (optionally with a folder first on its path)."""
+    script = ab_study.write_wrapper(path, sys.executable, pythonpath)
+    if before:  # shell lines before the exec (e.g. one that notes the wrapper ran)
+        lines = script.read_text().splitlines()
+        script.write_text("\n".join([lines[0], before, *lines[1:]]) + "\n")
+    return str(script)
+
+
+def _ab(run: Any, name: str) -> dict[str, Any]:
+    row = run.test(name)
+    assert "ab" in row, f"no A/B record in {name}'s row: {sorted(row)}"
+    return row["ab"]
+
+
+def _worker_pids() -> set[int]:
+    """Processes of this machine running the reference worker module."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"pytest_transformers_opt.engine.ab_worker" in (entry / "cmdline").read_bytes():
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_null_ab_passes_and_a_slowed_candidate_fails_the_run_with_one_line(run_user, pytester):
+    reference = _wrapper(pytester.path / "reference-python")
+    null = run_user(ONE_TEST, *AB_ROUNDS, f"--opt-ab={reference}", "--opt-ab-fail=latency:50%", "--opt-report")
+    null.result.assert_outcomes(passed=1)
+    assert null.result.ret == pytest.ExitCode.OK, null.result.stdout.str()
+    ab = _ab(null, "test_sdpa")
+    assert ab["mode"] == "interleaved"
+    assert ab["reference"]["python"] == reference
+    assert ab["reference"]["versions"]["torch"] == null.report["environment"]["torch"]
+    assert ab["optimized"]["rounds"] == 6 and len(ab["optimized"]["latency_samples_s"]) == 6
+    assert ab["verdict"] == "ok"
+    assert ab["similarity"]["kl_mean"] < 1e-6 and ab["similarity"]["top1"] == 1.0  # the same stack, the same numbers
+    null.result.stdout.fnmatch_lines(["*identical stacks*"])
+
+    slowed = run_user(ONE_TEST, *AB_ROUNDS, f"--opt-ab={reference}", "--opt-ab-fail=latency:20%",
+                      conftest=SLOW_CANDIDATE_CONFTEST)
+    slowed.result.assert_outcomes(passed=1)  # the test itself passed: the environment regressed
+    assert slowed.result.ret == pytest.ExitCode.TESTS_FAILED
+    ab = _ab(slowed, "test_sdpa")
+    assert ab["verdict"] == "regressed", ab
+    latency = ab["figures"]["latency"]
+    assert latency["change_pct"] > 50 and latency["p_value"] < 0.05
+    slowed.result.stdout.fnmatch_lines(["AB REGRESSED *test_sdpa: latency*"])
+
+
+def test_a_slowed_reference_makes_the_candidate_improved(run_user, pytester):
+    slow = ab_study.write_slowdown(pytester.path / "slow", 100)
+    reference = _wrapper(pytester.path / "reference-python", pythonpath=slow)
+    run = run_user(ONE_TEST, *AB_ROUNDS, f"--opt-ab={reference}", "--opt-ab-fail=latency:20%")
+    assert run.result.ret == pytest.ExitCode.OK
+    ab = _ab(run, "test_sdpa")
+    assert ab["verdict"] == "improved", ab
+    assert ab["figures"]["latency"]["change_pct"] < -25
+
+
+def test_a_reference_that_does_not_exist_fails_each_ab_test_in_one_line_and_the_report_is_written(run_user, pytester):
+    missing = pytester.path / "no-such-venv" / "bin" / "python"
+    run = run_user(TWO_TESTS, f"--opt-ab={missing}")
+    run.result.assert_outcomes(failed=2)
+    run.result.stdout.fnmatch_lines([f"*--opt-ab: the reference environment cannot be used: *{missing}*"])
+    for name in ("test_sdpa", "test_static_cache"):
+        assert f"{missing}" in run.test(name)["error"]
+    assert "Traceback" not in run.result.stdout.str()
+
+
+def test_a_reference_that_cannot_import_torch_is_said_in_one_line(run_user, pytester):
+    fake = pytester.path / "shadow" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('this environment has no usable torch')\n")
+    reference = _wrapper(pytester.path / "reference-python", pythonpath=fake.parent)
+    run = run_user(ONE_TEST, f"--opt-ab={reference}")
+    run.result.assert_outcomes(failed=1)
+    run.result.stdout.fnmatch_lines(["*--opt-ab: the reference environment cannot be used: *cannot import torch*"
+                                     "no usable torch*"])
+
+
+def test_a_technique_the_reference_cannot_run_skips_that_test_and_the_others_run(run_user, pytester):
+    # an optimum without quanto, first on the reference's path: there optimum.quanto is not installed
+    shadow = pytester.path / "shadow" / "optimum"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("")
+    reference = _wrapper(pytester.path / "reference-python", pythonpath=shadow.parent)
+    source = ONE_TEST + '''
+from pytest_transformers_opt import techniques
+
+@pytest.mark.optimization(techniques.quantized_cache(backend="quanto", nbits=4))
+def test_quantized_cache(opt_bench):
+    opt_bench(max_new_tokens=4)
+'''
+    run = run_user(source, f"--opt-ab={reference}", "-rs")
+    run.result.assert_outcomes(passed=1, skipped=1)
+    run.result.stdout.fnmatch_lines(["*--opt-ab: in the reference environment: *quanto*found*"])
+    assert "ab" in run.test("test_sdpa")
+
+
+def test_a_worker_that_dies_mid_round_fails_that_test_with_its_last_lines_and_the_next_test_starts_a_new_one(
+        run_user, pytester, monkeypatch):
+    reference = _wrapper(pytester.path / "reference-python")
+    # the worker's own switch for this test: exit on its 3rd generate request (a warm-up round), unanswered;
+    # only the first worker of the session (the file says one crashed already)
+    monkeypatch.setenv("PYTEST_OPT_AB_WORKER_CRASH_AT", f"generate:3:{pytester.path / 'crashed-once'}")
+    before = _worker_pids()
+    run = run_user(TWO_TESTS, f"--opt-ab={reference}")
+    run.result.assert_outcomes(passed=1, failed=1)
+    run.result.stdout.fnmatch_lines(["*--opt-ab: the reference environment's worker died*exit status 70*"])
+    failed = [name for name in ("test_sdpa", "test_static_cache") if run.test(name)["outcome"] == "failed"]
+    passed = [name for name in ("test_sdpa", "test_static_cache") if run.test(name)["outcome"] == "passed"]
+    assert len(failed) == 1 and "ab" in run.test(passed[0])
+    assert _worker_pids() <= before  # no worker outlives the session
+
+
+def test_collect_only_starts_no_worker(pytester):
+    ran = pytester.path / "reference-ran"
+    reference = _wrapper(pytester.path / "reference-python", before=f"touch {ran}")
+    pytester.makepyfile(test_user=TWO_TESTS)
+    result = pytester.runpytest("--collect-only", f"--opt-ab={reference}")
+    result.assert_outcomes()
+    assert result.ret == pytest.ExitCode.OK
+    assert not ran.exists()
+
+
+def test_xdist_runs_one_reference_worker_per_xdist_worker_and_every_row_keeps_its_record(run_user, pytester):
+    reference = _wrapper(pytester.path / "reference-python", before='echo "$$" >> "$(dirname "$0")/started"')
+    run = run_user(TWO_TESTS, f"--opt-ab={reference}", "-n", "2")
+    run.result.assert_outcomes(passed=2)
+    for name in ("test_sdpa", "test_static_cache"):
+        assert _ab(run, name)["reference"]["python"] == reference
+    started = (pytester.path / "started").read_text().split()
+    assert 1 <= len(started) <= 2  # at most one worker per xdist worker, never one per test
+    assert not _worker_pids() & {int(pid) for pid in started}
+
+
+def test_ab_fail_without_a_reference_or_with_a_metric_it_cannot_judge_is_a_usage_error(pytester):
+    pytester.makepyfile(test_user=ONE_TEST)
+    result = pytester.runpytest("--opt-ab-fail=latency:5%")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--opt-ab-fail: needs --opt-ab=PYTHON*"])
+    result = pytester.runpytest(f"--opt-ab={sys.executable}", "--opt-ab-fail=speedup:5%")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--opt-ab-fail*speedup*"])

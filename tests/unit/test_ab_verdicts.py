@@ -1,0 +1,329 @@
+"""Unit tests of ``--opt-ab``'s verdicts (verdict/ab.py, report/ab.py) on crafted report rows: the figures and
+their words, the gate judged as ``--opt-compare-fail`` judges (threshold and significance), the metrics refused
+across environments, what differs between two stacks, and the session end's lines and exit status."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from ab_reports import CANDIDATE, REFERENCE_ROUNDS, ab_record, reference_versions, report, row
+from pytest_transformers_opt.errors import OptConfigError
+from pytest_transformers_opt.report.ab import ab_summary, complete_ab, gate_lines, judge_ab, merge_ab
+from pytest_transformers_opt.report.compare import METRICS, parse_compare_fail
+from pytest_transformers_opt.report.schema import validate_report
+from pytest_transformers_opt.report.view import ab_header_lines, ab_line
+from pytest_transformers_opt.report.writer import ReportWriter, session_end
+from pytest_transformers_opt.verdict.ab import (AB_METRICS, IDENTICAL_STACKS, REFUSED_METRICS, ab_figures,
+                                                check_ab_thresholds, stack_note, what_differs)
+
+SLOWER = [r * 1.10 for r in REFERENCE_ROUNDS]  # the candidate 10% slower, round by round
+SAME = REFERENCE_ROUNDS[5:] + REFERENCE_ROUNDS[:5]  # the same rounds in another order: a null
+# Medians 8% apart, but rounds this spread apart cannot tell 8% from 5%.
+NOISY_REFERENCE = [0.100, 0.130, 0.070, 0.115, 0.085, 0.125, 0.075, 0.100, 0.120, 0.080]
+NOISY_SLOWER = [0.108, 0.150, 0.072, 0.125, 0.090, 0.140, 0.078, 0.108, 0.131, 0.083]
+
+
+def gate(text: str) -> list[Any]:
+    return check_ab_thresholds(parse_compare_fail(text, "--opt-ab-fail"))
+
+
+def judged(candidate_rounds: list[float], reference_rounds: list[float], thresholds: str, **ab: Any) -> dict[str, Any]:
+    record = ab_record(reference_rounds, **ab)
+    test = row("t.py::test_a", candidate_rounds, record)
+    record = test["ab"]
+    record["figures"] = ab_figures(test, record)
+    record.update(judge_ab(test, record, gate(thresholds)))
+    return record
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def test_a_ten_percent_slower_candidate_over_ten_paired_rounds_is_slower_with_its_interval() -> None:
+    test = row("t.py::test_a", SLOWER, ab_record(REFERENCE_ROUNDS))
+    figures = ab_figures(test, test["ab"])
+    assert list(figures) == ["latency", "ttft", "tpot", "throughput", "peak_memory"]
+    latency = figures["latency"]
+    assert latency["change_pct"] == pytest.approx(10.0)
+    low, high = latency["interval_pct"]
+    assert low == pytest.approx(10.0) and high == pytest.approx(10.0)  # paired: every round's ratio is 1.10
+    assert latency["word"] == "slower"
+    assert latency["p_value"] < 0.001  # one-sided, in the direction of the change
+    # the other timed figures keep no rounds: their change alone, said so
+    assert figures["throughput"]["change_pct"] == pytest.approx(100 * (1 / 1.1 - 1))
+    assert figures["throughput"]["interval_pct"] is None and figures["throughput"]["word"] is None
+    assert "no per-round throughput samples" in figures["throughput"]["note"]
+    # peak memory is read once per side: its word allows the memory budgets' slack
+    assert figures["peak_memory"]["word"] == "no significant difference"
+
+
+def test_a_faster_candidate_is_faster_and_the_words_of_memory() -> None:
+    faster = row("t.py::test_a", [r * 0.8 for r in REFERENCE_ROUNDS], ab_record(REFERENCE_ROUNDS), memory=150 * 2**20)
+    figures = ab_figures(faster, faster["ab"])
+    assert figures["latency"]["word"] == "faster" and figures["latency"]["change_pct"] == pytest.approx(-20.0)
+    assert figures["peak_memory"]["word"] == "larger" and figures["peak_memory"]["change_pct"] == pytest.approx(50.0)
+    smaller = row("t.py::test_a", REFERENCE_ROUNDS, ab_record(REFERENCE_ROUNDS), memory=50 * 2**20)
+    assert ab_figures(smaller, smaller["ab"])["peak_memory"]["word"] == "smaller"
+
+
+def test_the_same_rounds_in_another_order_are_no_significant_difference() -> None:
+    test = row("t.py::test_a", SAME, ab_record(REFERENCE_ROUNDS))
+    latency = ab_figures(test, test["ab"])["latency"]
+    assert latency["change_pct"] == pytest.approx(0.0)
+    low, high = latency["interval_pct"]
+    assert low <= 0.0 <= high
+    assert latency["word"] == "no significant difference" and latency["p_value"] > 0.05
+
+
+def test_blocks_are_resampled_side_by_side_and_too_few_rounds_fall_back_to_the_rank_test() -> None:
+    blocks = row("t.py::test_a", SLOWER, ab_record(REFERENCE_ROUNDS, mode="blocks"))
+    low, high = ab_figures(blocks, blocks["ab"])["latency"]["interval_pct"]
+    assert low < 10.0 < high  # each side resampled on its own: the shared round-to-round spread stays in
+    few = row("t.py::test_a", SLOWER[:4], ab_record(REFERENCE_ROUNDS[:4]))
+    latency = ab_figures(few, few["ab"])["latency"]
+    assert latency["interval_pct"] is None and "a 95% interval needs at least 5" in latency["note"]
+    assert latency["word"] == "slower"  # 4+4 separated rounds: p = 1/70 < 0.05
+    edited = row("t.py::test_a", SLOWER, ab_record(REFERENCE_ROUNDS))
+    edited["optimized"]["latency_s"] = 1.0  # samples that do not give the median describe something else
+    assert ab_figures(edited, edited["ab"])["latency"]["p_value"] is None
+
+
+# --------------------------------------------------------------------------- the gate
+
+
+def test_a_ten_percent_slower_candidate_is_regressed_at_latency_5_percent() -> None:
+    record = judged(SLOWER, REFERENCE_ROUNDS, "latency:5%")
+    assert record["verdict"] == "regressed"
+    [judgement] = record["judged"]
+    assert judgement["rule"] == "mann-whitney" and judgement["p_value"] < 0.05 and judgement["rounds"] == [10, 10]
+    assert judgement["old"] == pytest.approx(0.1001) and judgement["new"] == pytest.approx(0.1001 * 1.1)
+    # past 15% it is within the limit: the threshold is needed as well as significance
+    assert judged(SLOWER, REFERENCE_ROUNDS, "latency:15%")["verdict"] == "ok"
+    # and the other way round: the reference slower is an improvement
+    assert judged(REFERENCE_ROUNDS, SLOWER, "latency:5%")["verdict"] == "improved"
+
+
+def test_a_same_stack_null_is_ok() -> None:
+    record = judged(SAME, REFERENCE_ROUNDS, "latency:5%,peak_memory:5%,kl_mean:0.01")
+    assert record["verdict"] == "ok"
+    assert [r["verdict"] for r in record["judged"]] == ["ok"]
+
+
+def test_a_slower_median_without_significance_is_ok_within_noise() -> None:
+    record = judged(NOISY_SLOWER, NOISY_REFERENCE, "latency:5%")
+    assert record["figures"]["latency"]["change_pct"] > 5.0  # the medians moved past the limit ...
+    assert record["verdict"] == "ok"  # ... but not significantly
+    assert record["judged"][0]["note"] == "not significant"
+    test = row("t.py::test_a", NOISY_SLOWER, record)
+    assert ab_line(report(test), test).endswith("; ok (latency within noise)")
+    lines, failure = gate_lines(report(test), gate("latency:5%"), "--opt-ab-fail=latency:5%")
+    assert failure is None
+    assert "AB within noise t.py::test_a: latency moved past the limit, not significantly: ok" in lines
+
+
+def test_kl_mean_is_judged_on_the_cross_environment_similarity() -> None:
+    drifted = judged(SAME, REFERENCE_ROUNDS, "kl_mean:0.01", kl_mean=0.05)
+    assert drifted["verdict"] == "regressed"
+    assert any(d.startswith("kl_mean 0 -> 0.05") and d.endswith(": regressed") for d in drifted["details"])
+    assert judged(SAME, REFERENCE_ROUNDS, "kl_mean:0.01", kl_mean=0.001)["verdict"] == "ok"
+    assert judged(SAME, REFERENCE_ROUNDS, "top1:0.05", top1=0.9)["verdict"] == "regressed"
+
+
+def test_the_median_rule_says_which_side_in_the_ab_words() -> None:
+    record = judged(SLOWER, REFERENCE_ROUNDS, "ttft:5%")
+    assert record["verdict"] == "regressed"  # no rounds: the medians alone judge, as --opt-compare-fail does
+    assert record["judged"][0]["note"] == "the sides keep no per-round ttft samples"
+    test = row("t.py::test_a", SLOWER, ab_record(REFERENCE_ROUNDS))
+    test["ab"]["optimized"] = None
+    assert judge_ab(test, test["ab"], gate("latency:5%")) == {
+        "verdict": "not judged", "details": ["no measurement on the reference side"]}
+
+
+@pytest.mark.parametrize("metric", REFUSED_METRICS)
+def test_speedup_and_memory_ratio_are_refused_across_environments(metric: str) -> None:
+    with pytest.raises(OptConfigError) as info:
+        gate(f"latency:5%,{metric}:10%")
+    message = str(info.value)
+    assert message.startswith(f"--opt-ab-fail: '{metric}:10%' cannot be judged across environments: ")
+    assert "baseline" in message and message.endswith("accepted: " + ", ".join(AB_METRICS))
+    with pytest.raises(OptConfigError, match="^opt_ab_fail: "):
+        check_ab_thresholds(parse_compare_fail(f"{metric}:1"), where="opt_ab_fail")
+
+
+def test_every_other_metric_of_the_comparison_is_accepted() -> None:
+    assert sorted(AB_METRICS) == sorted(m for m in METRICS if m not in REFUSED_METRICS)
+    assert [t.metric for t in gate(",".join(f"{m}:1%" for m in AB_METRICS))] == list(AB_METRICS)
+
+
+# --------------------------------------------------------------------------- what differs
+
+
+def test_what_differs_names_only_the_packages_whose_versions_differ() -> None:
+    candidate = {"torch": "2.13.0", "transformers": "5.24.0", "kernels": None}
+    reference = {"torch": "2.13.0", "transformers": "5.22.0", "kernels": "0.10.0"}
+    assert what_differs(candidate, reference) == {"transformers": ["5.24.0 (candidate)", "5.22.0 (reference)"],
+                                                  "kernels": ["not installed (candidate)", "0.10.0 (reference)"]}
+    assert stack_note(candidate, reference) is None
+    assert what_differs(candidate, dict(candidate)) == {}
+    assert stack_note(candidate, dict(candidate)) == IDENTICAL_STACKS
+    assert stack_note({}, reference) is None  # nothing reported by both: nothing to tell
+
+
+# --------------------------------------------------------------------------- the report and the session end
+
+
+def test_complete_ab_fills_the_rows_and_the_top_level_and_stays_schema_valid() -> None:
+    bumped = ab_record(REFERENCE_ROUNDS, versions=reference_versions(transformers="5.22.0"))
+    made = report(row("t.py::test_a", SLOWER, bumped), row("t.py::test_b", REFERENCE_ROUNDS, None))
+    top = complete_ab(made, gate("latency:5%"), CANDIDATE)
+    assert top is made["ab"]
+    assert top["differs"] == {"transformers": ["5.24.0 (candidate)", "5.22.0 (reference)"]}
+    assert top["note"] is None and top["thresholds"] == "latency:5%"
+    assert top["summary"] == {"regressed": 1, "improved": 0, "ok": 0, "not judged": 0}
+    assert made["tests"][0]["ab"]["verdict"] == "regressed" and made["tests"][0]["ab"]["note"] is None
+    assert "ab" not in made["tests"][1]
+    validate_report(made)
+    line = ab_line(made, made["tests"][0])
+    assert line.startswith("candidate (transformers 5.24.0) vs reference (transformers 5.22.0): latency +10.0% "
+                           "[+10.0%, +10.0%] slower, TTFT +10.0%, ")
+    assert line.endswith(", peak memory +0.0% no significant difference, KL mean 0.0005, top-1 100.0%; regressed")
+    assert ab_header_lines(made) == [
+        "candidate /venv/candidate/bin/python vs reference /venv/reference/bin/python",
+        "what differs: transformers 5.24.0 (candidate) / 5.22.0 (reference)",
+        "--opt-ab-fail=latency:5%: 1 regressed, 0 improved, 0 ok, 0 not judged"]
+    # without thresholds: figures and stacks, no verdict; completing again replaces what was there
+    complete_ab(made, (), CANDIDATE)
+    assert "verdict" not in made["tests"][0]["ab"] and made["ab"]["thresholds"] is None
+    assert ab_summary(made) == {"regressed": 0, "improved": 0, "ok": 0, "not judged": 1}
+    assert complete_ab(report(row("t.py::test_b", SLOWER, None)), gate("latency:5%"), CANDIDATE) is None
+
+
+def test_an_ab_of_two_identical_stacks_says_so() -> None:
+    made = report(row("t.py::test_a", SAME, ab_record(REFERENCE_ROUNDS)))
+    top = complete_ab(made, (), CANDIDATE)
+    assert top is not None and top["note"] == IDENTICAL_STACKS and top["differs"] == {}
+    assert made["tests"][0]["ab"]["note"] == IDENTICAL_STACKS
+    assert ab_line(made, made["tests"][0]).startswith("candidate vs reference (identical stacks): latency +0.0% ")
+    assert ab_header_lines(made)[1].startswith("what differs: nothing (identical stacks)")
+
+
+def test_the_gate_lines_name_each_regressed_test_with_its_interval_limit_and_p_value() -> None:
+    made = report(row("t.py::test_a", SLOWER, ab_record(REFERENCE_ROUNDS, versions=reference_versions(torch="2.12.0"))),
+                  row("t.py::test_b", SAME, ab_record(REFERENCE_ROUNDS, versions=reference_versions(torch="2.12.0"))))
+    thresholds = gate("latency:5%")
+    complete_ab(made, thresholds, CANDIDATE)
+    lines, failure = gate_lines(made, thresholds, "--opt-ab-fail=latency:5%")
+    assert lines[0].startswith("AB REGRESSED t.py::test_a: latency +10.0% [+10.0%, +10.0%] (reference 100.1 ms, "
+                               "candidate 110.1 ms; limit 5%, Mann-Whitney p=")
+    assert lines[0].endswith(" on 10+10 rounds)")
+    assert lines[1:] == ["A/B: 1 regressed, 0 improved, 1 ok, 0 not judged (--opt-ab-fail=latency:5% against the "
+                         "reference /venv/reference/bin/python)"]
+    assert failure == ("1 test regressed past --opt-ab-fail=latency:5% against the reference "
+                       "/venv/reference/bin/python: the run fails")
+
+
+def test_a_gate_with_no_ab_record_or_nothing_judged_fails_saying_why() -> None:
+    thresholds = gate("latency:5%")
+    lines, failure = gate_lines(report(row("t.py::test_a", SLOWER, None)), thresholds, "--opt-ab-fail=latency:5%")
+    assert lines == ["A/B: 0 regressed, 0 improved, 0 ok, 0 not judged (--opt-ab-fail=latency:5%)"]
+    assert failure == ("--opt-ab-fail=latency:5%: no test has an A/B record (1 test measured, none in the reference "
+                       "environment): the run fails")
+    nothing = gate_lines(report(), thresholds, "G")[1]
+    assert nothing == "G: no test has an A/B record (no test used opt_bench): the run fails"
+    unmeasured = report(row("t.py::test_a", SLOWER, ab_record(REFERENCE_ROUNDS)))
+    unmeasured["tests"][0]["ab"]["optimized"] = None
+    complete_ab(unmeasured, thresholds, CANDIDATE)
+    assert gate_lines(unmeasured, thresholds, "G")[1] == ("G: no test could be judged (no measurement on the "
+                                                          "reference side): the run fails")
+
+
+class _Reporter:
+    verbosity = -2  # -qq: the gate's lines are said all the same
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, bool]] = []
+
+    def write_line(self, line: str, red: bool = False) -> None:
+        self.lines.append((line, red))
+
+    def write_sep(self, sep: str, title: str) -> None:
+        self.lines.append((title, False))
+
+
+def _writer(made: dict[str, Any], ab_fail: str | None, *, report_on: bool = False) -> ReportWriter:
+    """A ReportWriter over a stand-in session whose report is ``made`` (built already)."""
+    # as options.Settings holds them: the text as set, where it was set, and the parsed thresholds
+    settings = SimpleNamespace(ab_fail=ab_fail, ab_thresholds=gate(ab_fail) if ab_fail else [],
+                               sources={"ab_fail": "--opt-ab-fail"}, report=report_on,
+                               report_json=None, report_md=None, report_html=None, history=None,
+                               compare=None, compare_report=None)
+    config = SimpleNamespace(stash=pytest.Stash(),
+                             hook=SimpleNamespace(pytest_opt_report_extra=SimpleNamespace(get_hookimpls=list)))
+    session = SimpleNamespace(settings=settings, config=config, is_xdist_worker=False, records={"t": None},
+                              worker_entries={}, ab_candidate=CANDIDATE)
+    writer = ReportWriter(session)  # type: ignore[arg-type]  # a stand-in session
+    writer._ab(made)
+    end = session_end(config)  # type: ignore[arg-type]  # its stand-in config
+    end.built, end.report = True, made
+    return writer
+
+
+def test_the_session_end_fails_the_run_and_prints_the_lines_in_every_verbosity_mode() -> None:
+    made = report(row("t.py::test_a", SLOWER, ab_record(REFERENCE_ROUNDS)))
+    writer = _writer(made, "latency:5%")
+    assert made["ab"]["summary"]["regressed"] == 1
+    assert writer.finish(pytest.ExitCode.OK) == pytest.ExitCode.TESTS_FAILED
+    reporter = _Reporter()
+    writer.terminal(reporter)
+    printed = [line for line, _ in reporter.lines]
+    assert printed[0].startswith("AB REGRESSED t.py::test_a: latency +10.0% [+10.0%, +10.0%]")
+    assert printed[1].startswith("A/B: 1 regressed, 0 improved, 0 ok, 0 not judged (--opt-ab-fail=latency:5% ")
+    assert reporter.lines[2] == ("transformers-opt: 1 test regressed past --opt-ab-fail=latency:5% against the "
+                                 "reference /venv/reference/bin/python: the run fails", True)
+    # a null passes, and a failing exit status stays what it was
+    assert _writer(report(row("t.py::test_a", SAME, ab_record(REFERENCE_ROUNDS))), "latency:5%").finish(
+        pytest.ExitCode.OK) == pytest.ExitCode.OK
+    assert _writer(copy.deepcopy(made), "latency:5%").finish(pytest.ExitCode.INTERRUPTED) == pytest.ExitCode.INTERRUPTED
+
+
+def test_the_session_end_fails_a_gate_without_ab_records_and_reports_without_a_gate() -> None:
+    writer = _writer(report(row("t.py::test_a", SLOWER, None)), "latency:5%")
+    assert writer.finish(pytest.ExitCode.OK) == pytest.ExitCode.TESTS_FAILED
+    reporter = _Reporter()
+    writer.terminal(reporter)
+    assert reporter.lines[-1][0].endswith("no test has an A/B record (1 test measured, none in the reference "
+                                          "environment): the run fails")
+    # --opt-ab without a gate: the records are completed, nothing fails, the --opt-report section shows them
+    made = report(row("t.py::test_a", SLOWER, ab_record(REFERENCE_ROUNDS, versions=reference_versions(torch="2.12.0"))))
+    writer = _writer(made, None, report_on=True)
+    assert made["ab"]["thresholds"] is None and writer.finish(pytest.ExitCode.OK) == pytest.ExitCode.OK
+    reporter = _Reporter()
+    writer.terminal(reporter)
+    printed = [line for line, _ in reporter.lines]
+    start = printed.index("A/B against another environment:")
+    assert printed[start + 1:start + 4] == [
+        "  candidate /venv/candidate/bin/python vs reference /venv/reference/bin/python",
+        "  what differs: torch 2.13.0 (candidate) / 2.12.0 (reference)",
+        "  test_a: candidate (torch 2.13.0) vs reference (torch 2.12.0): latency +10.0% [+10.0%, +10.0%] slower, "
+        "TTFT +10.0%, TPOT +10.0%, throughput -9.1%, peak memory +0.0% no significant difference, KL mean 0.0005, "
+        "top-1 100.0%"]
+    assert not any(red for _, red in reporter.lines)
+
+
+def test_merging_keeps_the_first_stacks_and_says_where_the_shards_differ() -> None:
+    one = {"candidate": CANDIDATE, "reference": {"python": "/r1", "versions": {"torch": "2.12.0"}},
+           "differs": {}, "note": None, "thresholds": "latency:5%", "summary": {}}
+    two = {**one, "reference": {"python": "/r2", "versions": {"torch": "2.11.0"}}, "thresholds": None}
+    rows = [row("a.py::t", SLOWER, ab_record(REFERENCE_ROUNDS))]
+    merged = merge_ab([("a.json", one), ("b.json", None), ("c.json", two)], rows)
+    assert merged is not None and merged["reference"] == one["reference"]
+    assert merged["merge_note"] == ("the shards' references differ: /r1 (torch 2.12.0) in a.json; /r2 (torch 2.11.0) "
+                                    "in c.json; the shards' --opt-ab-fail thresholds differ: latency:5% / none")
+    assert merged["summary"] == {"regressed": 0, "improved": 0, "ok": 0, "not judged": 1}
+    same = merge_ab([("a.json", one), ("c.json", copy.deepcopy(one))], rows)
+    assert same is not None and same["merge_note"] is None
+    assert merge_ab([("a.json", None)], rows) is None
