@@ -369,13 +369,20 @@ def _load_compare(values: dict[str, Any], sources: Mapping[str, str], notes: lis
     except OptConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     if thresholds and not compare:
-        source = sources["compare_fail"]
-        if source == "--opt-compare-fail":
-            raise pytest.UsageError(f"{source}: needs --opt-compare=PATH (the earlier report)")
-        notes.append(f"{source}={values['compare_fail']} is not applied: this run has no --opt-compare=PATH "
-                     f"(the earlier report it gates against)")
-        values["compare_fail"], thresholds = None, []
+        _gate_not_applied(values, sources, notes, "compare_fail", "--opt-compare=PATH", "the earlier report")
+        thresholds = []
     return report, thresholds
+
+
+def _gate_not_applied(values: dict[str, Any], sources: Mapping[str, str], notes: list[str], gate: str, needs: str,
+                      what: str) -> None:
+    """A gate without what it gates against: typed on the command line, a usage error; set project-wide (ini,
+    environment), a note, and this run has no gate."""
+    source = sources[gate]
+    if source == "--opt-" + gate.replace("_", "-"):
+        raise pytest.UsageError(f"{source}: needs {needs} ({what})")
+    notes.append(f"{source}={values[gate]} is not applied: this run has no {needs} ({what} it gates against)")
+    values[gate] = None
 
 
 def _ab_thresholds(config: pytest.Config, values: dict[str, Any], sources: Mapping[str, str],
@@ -407,10 +414,7 @@ def _ab_thresholds(config: pytest.Config, values: dict[str, Any], sources: Mappi
     except OptConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     if not values.get("ab"):
-        source = sources["ab_fail"]
-        if source == "--opt-ab-fail":
-            raise pytest.UsageError(f"{source}: needs --opt-ab=PYTHON (the reference environment's interpreter)")
-        notes.append(f"{source}={values['ab_fail']} is not applied: this run has no --opt-ab=PYTHON (the "
-                     f"reference environment it gates against)")
-        values["ab_fail"], thresholds = None, []
+        _gate_not_applied(values, sources, notes, "ab_fail", "--opt-ab=PYTHON",
+                          "the reference environment's interpreter")
+        thresholds = []
     return thresholds

@@ -53,6 +53,15 @@ def _to_float(value: int | float) -> float:
         return math.inf
 
 
+def finite_number(value: object) -> float | None:
+    """``value`` as a finite float; None when it is missing, not a number (a bool is not one), infinite, NaN,
+    or an integer past any float: how a figure read from a report is taken."""
+    if not _is_number(value):
+        return None
+    number = _to_float(value)
+    return number if math.isfinite(number) else None
+
+
 def _finite_positive(number: float, what: str, forms: str, raw: object) -> float:
     if not math.isfinite(number) or number <= 0:
         raise OptConfigError(f"{what}: {raw!r} must be a positive, finite value; accepted: {forms}")

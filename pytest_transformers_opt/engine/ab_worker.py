@@ -16,7 +16,7 @@ on. End of stdin (the client is gone) ends it; on Linux it also dies with the pr
 (``PR_SET_PDEATHSIG``). Log-probabilities travel as safetensors files in a folder the worker owns and
 removes when it ends (never pickle).
 
-``PYTEST_OPT_AB_WORKER_CRASH_AT=OP:N[:FILE]`` (for the plugin's own tests only) makes the worker exit with
+``_PYTEST_OPT_AB_WORKER_CRASH_AT=OP:N[:FILE]`` (for the plugin's own tests only) makes the worker exit with
 status 70 on receiving its N-th ``OP`` request, without answering: a worker that dies mid-round. With
 ``FILE``, only a worker that finds no such file crashes, and it creates it first: one crash per session.
 """
@@ -46,7 +46,7 @@ _PARENT_AT_START = os.getppid()  # read before anything else: compared after PR_
 
 READY_VERSIONS = ("torch", "transformers", "accelerate", "bitsandbytes", "kernels", "safetensors", "tokenizers")
 IMPORT_FAILED_STATUS = 3  # the reference cannot import the stack: the ready line says why
-CRASH_ENV = "PYTEST_OPT_AB_WORKER_CRASH_AT"
+CRASH_ENV = "_PYTEST_OPT_AB_WORKER_CRASH_AT"
 CRASH_STATUS = 70
 THREADS_ENV = "PYTEST_OPT_CPU_THREADS"
 MAX_LOADED_MODELS = 2

@@ -239,7 +239,8 @@ def track_peak_memory(device: str) -> Iterator[PeakReading]:
     reading.method = "RSS sampling"
 
 
-LOAD_TRANSIENT_NOTE_RATIO = 1.25  # a load peak this far above the running peak is worth a line
+LOAD_TRANSIENT_NOTE_RATIO = 1.25  # a load peak this far above the running peak is worth a line ...
+LOAD_TRANSIENT_NOTE_BYTES = 16 * 2**20  # ... and this much above it (a tiny model's loader buffers are not)
 
 
 def load_transient_note(side: Any) -> str | None:
@@ -247,12 +248,12 @@ def load_transient_note(side: Any) -> str | None:
     load-time quantization reads the float weights first): where the figures come from, so a
     reader does not take the load for the configuration."""
     load_peak, peak = getattr(side, "load_peak_bytes", None), getattr(side, "peak_memory_bytes", None)
-    if not load_peak or not peak or load_peak < LOAD_TRANSIENT_NOTE_RATIO * peak:
+    if not load_peak or not peak or load_peak < max(LOAD_TRANSIENT_NOTE_RATIO * peak, peak + LOAD_TRANSIENT_NOTE_BYTES):
         return None
     from ..units import format_bytes
 
-    return (f"loading peaked at {format_bytes(load_peak)} (load_peak_bytes: the float weights held while they "
-            f"are quantized, say), the configuration then runs in {format_bytes(peak)} (resident "
+    return (f"loading peaked at {format_bytes(load_peak)} (load_peak_bytes: what loading held beyond what the "
+            f"configuration keeps, e.g. float weights while they are quantized), the configuration then runs in {format_bytes(peak)} (resident "
             f"{format_bytes(side.resident_bytes or 0)} + generation {format_bytes(side.generation_peak_bytes or 0)}); "
             f"the memory ratio compares the running peaks, max_memory checks both")
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import OptConfigError
-from ..units import format_bytes, format_duration, format_ratio, shown
+from ..units import finite_number, format_bytes, format_duration, format_ratio, shown
 from ..verdict.stats import SIGNIFICANCE, mann_whitney_greater, min_p_value
 from .schema import load_report, read_notes
 
@@ -183,13 +183,7 @@ def _figure(entry: dict[str, Any], metric: str) -> float | None:
         if not isinstance(value, dict):
             return None
         value = value.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:  # an integer past any float: as unmeasurable as infinity
-        return None
-    return value if math.isfinite(value) else None
+    return finite_number(value)
 
 
 def _worsening(metric: str, old: float, new: float, relative: bool) -> float:
@@ -327,18 +321,8 @@ def _finite(values: Any) -> list[float] | None:
     """``values`` as floats: None unless a non-empty list of finite numbers."""
     if not isinstance(values, list) or not values:
         return None
-    samples = []
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return None
-        try:
-            value = float(value)
-        except OverflowError:
-            return None
-        if not math.isfinite(value):
-            return None
-        samples.append(value)
-    return samples
+    samples = [finite_number(value) for value in values]
+    return None if None in samples else [s for s in samples if s is not None]
 
 
 @dataclass(frozen=True)

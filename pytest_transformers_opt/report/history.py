@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
-import math
 import os
 import re
 import subprocess
@@ -31,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import OptConfigError
 from ..files import JsonProblem, read_limited, write_atomic
-from ..units import clip
+from ..units import finite_number, clip
 from ..verdict.stats import MIN_BOOTSTRAP_SAMPLES, median_ratio_interval
 from .schema import load_report
 
@@ -361,19 +360,13 @@ class Trend:
     points: list[TrendPoint] = field(default_factory=list)
 
 
-def _figure(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def latency_range(samples: Any) -> tuple[tuple[float, float], str] | None:
     """The whisker of one run's optimized latency: the 95% bootstrap interval of the median of its rounds
     (``verdict.stats``, the one the speedup uses) from ``MIN_BOOTSTRAP_SAMPLES`` rounds up, else the rounds'
     min-max, said so; None for fewer than 2 rounds."""
     if not isinstance(samples, list):
         return None
-    values = [v for v in (_figure(s) for s in samples) if v is not None and v > 0]
+    values = [v for v in (finite_number(s) for s in samples) if v is not None and v > 0]
     if len(values) >= MIN_BOOTSTRAP_SAMPLES:
         # the median over a denominator of ones, resampled in pairs: the interval of the median itself
         interval = median_ratio_interval(values, [1.0] * len(values), paired=True)
@@ -388,8 +381,8 @@ def _point(run: int, test: Mapping[str, Any]) -> TrendPoint | None:
     optimized = test.get("optimized")
     if not isinstance(optimized, dict):
         return None
-    latency = _figure(optimized.get("latency_s"))
-    memory = _figure(optimized.get("peak_memory_bytes"))
+    latency = finite_number(optimized.get("latency_s"))
+    memory = finite_number(optimized.get("peak_memory_bytes"))
     if latency is None and memory is None:
         return None
     whisker = latency_range(optimized.get("latency_samples_s")) if latency is not None else None

@@ -29,7 +29,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Protocol
 
-from ..units import format_ratio
+from ..units import finite_number, format_ratio
 from ..verdict.results import FASTER, SLOWER
 from ..verdict.stats import MIN_BOOTSTRAP_SAMPLES
 from . import view
@@ -139,12 +139,6 @@ class Scale(Protocol):
 
 def _x(scale: Scale, value: float) -> float:
     return _PLOT_X + scale.pos(value) * _PLOT_W
-
-
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def _short_label(nodeid: str) -> str:
@@ -259,7 +253,7 @@ def _budget(test: Mapping[str, Any], name: str) -> dict[str, Any] | None:
 
 def _limit(test: Mapping[str, Any], name: str) -> float | None:
     budget = _budget(test, name)
-    return _finite(budget.get("limit")) if budget else None
+    return finite_number(budget.get("limit")) if budget else None
 
 
 def _failed(test: Mapping[str, Any], name: str) -> bool:
@@ -277,7 +271,7 @@ def speedup_chart(report: Mapping[str, Any]) -> str:
         raw = test.get("speedup")
         if raw is None:
             continue
-        value = _finite(raw)
+        value = finite_number(raw)
         limit = _limit(test, "min_speedup")
         verdict = test.get("speedup_verdict")
         if value is None or _failed(test, "min_speedup"):
@@ -315,8 +309,8 @@ def memory_chart(report: Mapping[str, Any]) -> str:
         if ratio is not None:
             opt_text += f" ({format_ratio(ratio)})"
         rows.append(Row(_short_label(str(test["nodeid"])), str(test["nodeid"]), [
-            Bar(_finite(base), view.format_memory(base), BASE_COLOR, "baseline peak memory"),
-            Bar(_finite(opt), opt_text, FAIL_COLOR if over else OPT_COLOR, "optimized peak memory",
+            Bar(finite_number(base), view.format_memory(base), BASE_COLOR, "baseline peak memory"),
+            Bar(finite_number(opt), opt_text, FAIL_COLOR if over else OPT_COLOR, "optimized peak memory",
                 limit, f"max_memory {view.format_memory(limit)}" if limit is not None else ""),
         ]))
     values = [v for row in rows for bar in row.bars for v in (bar.value, bar.marker) if v is not None and v > 0]
@@ -354,7 +348,7 @@ def kl_chart(report: Mapping[str, Any]) -> str:
         limit = _limit(test, "max_kl")
         if raw is None and limit is None:
             continue
-        value = _finite(raw)
+        value = finite_number(raw)
         over = _failed(test, "max_kl") or value is None or (limit is not None and value > limit)
         rows.append(Row(_short_label(str(test["nodeid"])), str(test["nodeid"]), [Bar(
             value, view.format_kl(raw), FAIL_COLOR if over else OPT_COLOR, "KL mean",
@@ -380,7 +374,7 @@ def agreement_chart(report: Mapping[str, Any]) -> str:
         bars = []
         for raw, name, budget, color in ((top1, "top-1", "min_top1", OPT_COLOR),
                                          (match, "token match", "min_token_match", ALT_COLOR)):
-            value, limit = _finite(raw), _limit(test, budget)
+            value, limit = finite_number(raw), _limit(test, budget)
             under = _failed(test, budget) or (raw is not None and value is None)
             label = view.format_percent(raw)
             if name == "token match" and view.similarity_figure(test, "near_tie") and raw is not None:

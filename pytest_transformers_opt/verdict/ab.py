@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import OptConfigError
-from ..units import format_bytes
+from ..units import finite_number, format_bytes
 from .budgets import MEMORY_SLACK_BYTES, MEMORY_SLACK_FRACTION
 from .results import FASTER, LARGER, NO_DIFFERENCE, SLOWER, SMALLER
 from .stats import MIN_BOOTSTRAP_SAMPLES, SIGNIFICANCE, mann_whitney_greater, median_ratio_interval
@@ -58,15 +58,6 @@ def check_ab_thresholds(thresholds: Sequence["Threshold"], where: str = "--opt-a
     return list(thresholds)
 
 
-def _number(value: Any) -> float | None:
-    """A finite float, or None (missing, null, not a number, not finite)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _samples(side: Mapping[str, Any], key: str | None, median: float) -> list[float] | None:
@@ -74,7 +65,7 @@ def _samples(side: Mapping[str, Any], key: str | None, median: float) -> list[fl
     values = side.get(key) if key is not None else None
     if not isinstance(values, list) or not values:
         return None
-    samples = [_number(value) for value in values]
+    samples = [finite_number(value) for value in values]
     clean = [value for value in samples if value is not None]
     if len(clean) != len(samples) or not math.isclose(statistics.median(clean), median, rel_tol=1e-6, abs_tol=1e-12):
         return None
@@ -94,7 +85,7 @@ def figure(metric: str, candidate: Mapping[str, Any], reference: Mapping[str, An
            ) -> dict[str, Any] | None:
     """One figure's candidate-vs-reference record (see ``ab_figures``); None when either side lacks it."""
     key, samples_key, higher_is_better = FIGURES[metric]
-    cand, ref = _number(candidate.get(key)), _number(reference.get(key))
+    cand, ref = finite_number(candidate.get(key)), finite_number(reference.get(key))
     if cand is None or ref is None:
         return None
     record: dict[str, Any] = {"candidate": cand, "reference": ref,

@@ -28,7 +28,7 @@ from ..engine.loading import ModelRequest
 from ..engine.model import LoadedModel, OptModel
 from ..engine.measure import PeakReading, Timings, load_transient_note, track_peak_memory
 from ..engine.progress import Work, long_work
-from .reference_side import ReferenceSide
+from .reference_side import ReferenceSide, device_cannot_hold_both, oversubscribed_note
 from .results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload, model_arguments, report_model_identity
 from .sequential import MAX_WARMUP, RoundsDecision, keep_going, parse_rounds
 from .similarity import compare_runs, diverged, forced_run_note
@@ -312,7 +312,13 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         if session.settings.ab:
             result.notes.append(AB_NOT_FOR_TENSOR_PARALLEL)
         return Measurement(result)
-    ab = ReferenceSide.start(session, plan, opt, workload, check_length) if session.settings.ab else None
+    ab: ReferenceSide | None = None
+    if session.settings.ab:
+        too_small = device_cannot_hold_both(session, opt)
+        if too_small:
+            notes.append(too_small)
+        else:
+            ab = ReferenceSide.start(session, plan, opt, workload, check_length)
 
     base_timings, opt_timings = Timings(), Timings()
     minimum, maximum = warmup_bounds(workload.warmup, opt.generation.compile, session.hardware.is_cuda)
@@ -461,13 +467,14 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
                           texts=verification.texts, memory=opt_memory, compile_time=compile_time,
                           recompiles=sum(recompiles) if opt.generation.compile else None, loaded=opt.loaded)
         optimized.paged_cache_bytes = verification.evidence.paged_cache_bytes
+        ab_record = ab.record(_reference_metrics) if ab is not None else None
         result = OptResult(
-            ab=ab.record(_reference_metrics) if ab is not None else None,
+            ab=ab_record,
             baseline=baseline,
             optimized=optimized,
             similarity=similarity, workload=workload, techniques=plan.declared, baseline_techniques=plan.baseline.labels,
             model=report_model_identity(plan.marked.model, plan.probe_context.dtype),
-            notes=list(notes) + [n for n in [load_transient_note(optimized)] if n],
+            notes=list(notes) + [n for n in [load_transient_note(optimized), oversubscribed_note(ab_record)] if n],
             estimates=_decode_estimates(session, opt, workload, optimized) if intervals else {},
         )
         # a stored baseline's rounds were not taken in turns

@@ -11,6 +11,7 @@ never jobs apart.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
@@ -44,6 +45,7 @@ class ReferenceSide:
         self.verification: "ReferenceRun | None" = None
         self.logprobs_at_target: list[Any] | None = None
         self.similarity: Similarity | None = None
+        self.load_averages = [_load_average()]  # the machine's load when the A/B began, and when recorded
 
     @classmethod
     def start(cls, session: "OptSession", plan: "TestPlan", opt: "OptModel", workload: "Workload",
@@ -103,13 +105,68 @@ class ReferenceSide:
         Verdicts are computed from it when the report is built (``verdict.ab``)."""
         assert self.verification is not None
         optimized = side_metrics(self.timings, self.loaded, self.verification)
+        self.load_averages = self.load_averages[:1] + [_load_average()]
         return {
             "mode": "interleaved",
+            "load_average": [value for value in self.load_averages if value is not None] or None,
+            "cores": _cores(),
             "reference": {"python": self.worker.python, "python_version": self.worker.python_version,
                           "versions": dict(self.worker.versions)},
             "optimized": optimized.to_dict(),
             "similarity": self.similarity.to_dict() if self.similarity is not None else None,
         }
+
+
+DEVICE_HEADROOM = 1.2  # the reference's copy of the model, and some room for its generation
+
+
+def device_cannot_hold_both(session: "OptSession", opt: "OptModel") -> str | None:
+    """On CUDA, why the device cannot hold the reference's copy of the model beside the candidate's (free
+    memory now against the candidate's resident bytes), or None. Then the test runs without its A/B and
+    says so: the two processes would fight for the card, and an out-of-memory in either fails the test."""
+    if not session.hardware.is_cuda or not opt.loaded.resident_bytes:
+        return None
+    import torch
+
+    from ..units import format_bytes
+
+    free, _total = torch.cuda.mem_get_info(torch.device(session.device))
+    need = int(opt.loaded.resident_bytes * DEVICE_HEADROOM)
+    if free >= need:
+        return None
+    return (f"--opt-ab: no A/B for this test: {session.device} has {format_bytes(free)} free, the reference's copy "
+            f"of the model needs about {format_bytes(need)} beside this one (both processes hold a model); use a "
+            f"larger device or a smaller model for the A/B job")
+
+
+def oversubscribed_note(record: dict[str, Any] | None) -> str | None:
+    """A line for the test's notes when the machine ran more than it has cores while the A/B was measured:
+    then the scheduler favours the process that ran least, the reference's worker (idle between its
+    turns), and the reference looks faster than it is."""
+    if not record or not record.get("load_average") or not record.get("cores"):
+        return None
+    load, cores = max(record["load_average"]), record["cores"]
+    if load <= cores:
+        return None
+    return (f"--opt-ab: the machine was oversubscribed while this A/B was measured (load average {load:.1f} on "
+            f"{cores} cores): the scheduler favours the reference's worker, idle between its turns, so the "
+            f"reference's figures may look faster than they are; run A/B jobs on a runner with idle cores")
+
+
+def _load_average() -> float | None:
+    """The machine's one-minute load average (runnable processes), where the system says it."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def _cores() -> int | None:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
 
 
 def _call(session: "OptSession", action: Callable[[], Any]) -> Any:

@@ -6,8 +6,6 @@ changes on purpose differs: a slowed side, a missing package, a crash."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +14,7 @@ from typing import Any
 import pytest
 
 # the slowed reference's sitecustomize: the study's own (benchmarks/ab_study.py), loaded from its file
-from benchmark_scripts import ab_study  # noqa: E402  (tests/ is on sys.path)
+from benchmark_scripts import ab_study  # noqa: E402  (tests/ is on sys.path): the reference wrapper
 
 AB_ROUNDS = ("--opt-rounds=6",)  # enough rounds per side for the rank test to reach significance
 
@@ -40,37 +38,47 @@ def test_sdpa(opt_bench):
     opt_bench(max_new_tokens=4)
 '''
 
-# This conftest slows every top-level module call of THIS process (the candidate) to twice its time; the
-# reference worker never imports it (it imports only conftests that register techniques)
-SLOW_CANDIDATE_CONFTEST = '''
+# A technique whose rounds are sleep-dominated (20 ms before every forward pass), so their length holds on a
+# busy machine (on an oversubscribed one the scheduler favours the reference's idle worker: a CPU-bound null
+# once read +120% under the suite's two workers), registered in the conftest, which the reference's worker
+# imports too. SLOWED doubles the pause in one environment only: the worker knows itself by its script.
+SLEEPY_CONFTEST = '''
+import contextlib
+import sys
 import time
 
-import torch
+from pytest_transformers_opt.techniques import Technique
 
-_original = torch.nn.Module.__call__
+IN_REFERENCE = sys.argv[0].endswith("ab_worker.py")
+SLOWED = "{slowed}"
 
 
-def pytest_sessionstart(session):
-    inside = []
+class Sleepy(Technique):
+    name = "sleepy"
+    family = "test"
+    summary = "sleeps before every forward pass"
 
-    def slowed(self, *args, **kwargs):
-        if inside:
-            return _original(self, *args, **kwargs)
-        inside.append(1)
-        started = time.perf_counter()
+    @contextlib.contextmanager
+    def around_generate(self, model):
+        slowed = SLOWED == ("reference" if IN_REFERENCE else "candidate")
+        pause = 0.04 if slowed else 0.02
+        handle = model.register_forward_pre_hook(lambda module, args: time.sleep(pause))
         try:
-            return _original(self, *args, **kwargs)
+            yield
         finally:
-            inside.pop()
-            until = time.perf_counter() + (time.perf_counter() - started)
-            while time.perf_counter() < until:
-                pass
-
-    torch.nn.Module.__call__ = slowed
+            handle.remove()
 
 
-def pytest_sessionfinish(session):
-    torch.nn.Module.__call__ = _original
+def pytest_opt_register_techniques(registry):
+    registry.register(Sleepy)
+'''
+
+SLEEPY_TEST = '''
+import pytest
+
+@pytest.mark.optimization("sleepy")
+def test_sleepy(opt_bench):
+    opt_bench(prompts=["The cat sees"], max_new_tokens=3)
 '''
 
 
@@ -104,35 +112,37 @@ def _worker_pids() -> set[int]:
 
 def test_a_null_ab_passes_and_a_slowed_candidate_fails_the_run_with_one_line(run_user, pytester):
     reference = _wrapper(pytester.path / "reference-python")
-    null = run_user(ONE_TEST, *AB_ROUNDS, f"--opt-ab={reference}", "--opt-ab-fail=latency:50%", "--opt-report")
+    null = run_user(SLEEPY_TEST, *AB_ROUNDS, f"--opt-ab={reference}", "--opt-ab-fail=latency:20%", "--opt-report",
+                    conftest=SLEEPY_CONFTEST.format(slowed=""))
     null.result.assert_outcomes(passed=1)
     assert null.result.ret == pytest.ExitCode.OK, null.result.stdout.str()
-    ab = _ab(null, "test_sdpa")
+    ab = _ab(null, "test_sleepy")
     assert ab["mode"] == "interleaved"
     assert ab["reference"]["python"] == reference
     assert ab["reference"]["versions"]["torch"] == null.report["environment"]["torch"]
     assert ab["optimized"]["rounds"] == 6 and len(ab["optimized"]["latency_samples_s"]) == 6
-    assert ab["verdict"] == "ok"
+    assert ab["verdict"] == "ok", ab
     assert ab["similarity"]["kl_mean"] < 1e-6 and ab["similarity"]["top1"] == 1.0  # the same stack, the same numbers
-    null.result.stdout.fnmatch_lines(["*identical stacks*"])
+    null.result.stdout.fnmatch_lines(["*identical stacks*", "A/B: 0 regressed, 0 improved, 1 ok, 0 not judged*"])
 
-    slowed = run_user(ONE_TEST, *AB_ROUNDS, f"--opt-ab={reference}", "--opt-ab-fail=latency:20%",
-                      conftest=SLOW_CANDIDATE_CONFTEST)
+    slowed = run_user(SLEEPY_TEST, *AB_ROUNDS, f"--opt-ab={reference}", "--opt-ab-fail=latency:20%",
+                      conftest=SLEEPY_CONFTEST.format(slowed="candidate"))
     slowed.result.assert_outcomes(passed=1)  # the test itself passed: the environment regressed
     assert slowed.result.ret == pytest.ExitCode.TESTS_FAILED
-    ab = _ab(slowed, "test_sdpa")
+    ab = _ab(slowed, "test_sleepy")
     assert ab["verdict"] == "regressed", ab
     latency = ab["figures"]["latency"]
     assert latency["change_pct"] > 50 and latency["p_value"] < 0.05
-    slowed.result.stdout.fnmatch_lines(["AB REGRESSED *test_sdpa: latency*"])
+    slowed.result.stdout.fnmatch_lines(["AB REGRESSED *test_sleepy: latency*",
+                                        "*1 test regressed past --opt-ab-fail=latency:20% against the reference*"])
 
 
 def test_a_slowed_reference_makes_the_candidate_improved(run_user, pytester):
-    slow = ab_study.write_slowdown(pytester.path / "slow", 100)
-    reference = _wrapper(pytester.path / "reference-python", pythonpath=slow)
-    run = run_user(ONE_TEST, *AB_ROUNDS, f"--opt-ab={reference}", "--opt-ab-fail=latency:20%")
+    reference = _wrapper(pytester.path / "reference-python")
+    run = run_user(SLEEPY_TEST, *AB_ROUNDS, f"--opt-ab={reference}", "--opt-ab-fail=latency:20%",
+                   conftest=SLEEPY_CONFTEST.format(slowed="reference"))
     assert run.result.ret == pytest.ExitCode.OK
-    ab = _ab(run, "test_sdpa")
+    ab = _ab(run, "test_sleepy")
     assert ab["verdict"] == "improved", ab
     assert ab["figures"]["latency"]["change_pct"] < -25
 
@@ -182,7 +192,7 @@ def test_a_worker_that_dies_mid_round_fails_that_test_with_its_last_lines_and_th
     reference = _wrapper(pytester.path / "reference-python")
     # the worker's own switch for this test: exit on its 3rd generate request (a warm-up round), unanswered;
     # only the first worker of the session (the file says one crashed already)
-    monkeypatch.setenv("PYTEST_OPT_AB_WORKER_CRASH_AT", f"generate:3:{pytester.path / 'crashed-once'}")
+    monkeypatch.setenv("_PYTEST_OPT_AB_WORKER_CRASH_AT", f"generate:3:{pytester.path / 'crashed-once'}")
     before = _worker_pids()
     run = run_user(TWO_TESTS, f"--opt-ab={reference}")
     run.result.assert_outcomes(passed=1, failed=1)
@@ -222,3 +232,29 @@ def test_ab_fail_without_a_reference_or_with_a_metric_it_cannot_judge_is_a_usage
     result = pytester.runpytest(f"--opt-ab={sys.executable}", "--opt-ab-fail=speedup:5%")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--opt-ab-fail*speedup*"])
+
+
+def test_ctrl_c_mid_ab_leaves_no_worker_behind(pytester):
+    """A user's Ctrl-C while the reference worker is busy: pytest ends, and so does the worker."""
+    import signal
+    import subprocess
+
+    reference = _wrapper(pytester.path / "reference-python", before='echo "$$" >> "$(dirname "$0")/started"')
+    pytester.makepyfile(test_user=ONE_TEST.replace("max_new_tokens=4", "max_new_tokens=4, rounds=200"))
+    env = {**os.environ, "PYTEST_ADDOPTS": "-p no:randomly -p no:asyncio"}
+    process = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--opt-ab={reference}"],
+                               cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    started = pytester.path / "started"
+    deadline = time.monotonic() + 240
+    while not started.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert started.exists(), process.communicate()[0].decode(errors="replace")[-3000:]
+    time.sleep(8)  # into its rounds
+    process.send_signal(signal.SIGINT)
+    output = process.communicate(timeout=120)[0].decode(errors="replace")
+    assert process.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
+    pids = {int(pid) for pid in started.read_text().split()}
+    deadline = time.monotonic() + 10
+    while _worker_pids() & pids and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _worker_pids() & pids

@@ -327,3 +327,15 @@ def test_merging_keeps_the_first_stacks_and_says_where_the_shards_differ() -> No
     same = merge_ab([("a.json", one), ("c.json", copy.deepcopy(one))], rows)
     assert same is not None and same["merge_note"] is None
     assert merge_ab([("a.json", None)], rows) is None
+
+
+def test_an_oversubscribed_machine_is_said_in_the_notes_and_a_quiet_one_is_not() -> None:
+    """Above one runnable process per core the scheduler favours the worker that ran least (the reference's,
+    idle between turns): the test's notes say so, with the load and the cores; at or below, nothing."""
+    from pytest_transformers_opt.verdict.reference_side import oversubscribed_note
+
+    note = oversubscribed_note({"load_average": [1.2, 7.9], "cores": 2})
+    assert note is not None and "load average 7.9 on 2 cores" in note and "reference's figures may look faster" in note
+    assert oversubscribed_note({"load_average": [1.2, 2.0], "cores": 2}) is None
+    assert oversubscribed_note({"load_average": None, "cores": 2}) is None
+    assert oversubscribed_note(None) is None

@@ -155,3 +155,22 @@ def test_probe_on_the_built_in_model() -> None:
     expected = None if torch.distributed.is_available() and torch.distributed.is_gloo_available() else "gloo"
     reason = tensor_parallel_probe("cpu", 0, 2, config)
     assert reason is None if expected is None else expected in reason
+
+
+def test_an_uneven_vocabulary_skips_on_transformers_before_5_21_and_runs_since(monkeypatch) -> None:
+    """transformers 5.17-5.20 gather lm_head's column shards whole and refuse an uneven split (the built-in
+    model's 511-token vocabulary failed both ranks): a skip naming both versions there, a run since 5.21."""
+    import pytest_transformers_opt.techniques.parallel as parallel
+
+    monkeypatch.setattr(torch.distributed, "is_gloo_available", lambda: True)
+    llama = SimpleNamespace(model_type="llama", base_model_tp_plan={"layers.*.self_attn.q_proj": "colwise"},
+                            num_attention_heads=4, num_key_value_heads=2, vocab_size=511)
+    monkeypatch.setattr(parallel, "package_version", lambda name: "5.17.0")
+    assert tensor_parallel_probe("cpu", 0, 2, llama) == (
+        "tensor_parallel(tp_size=2) with transformers 5.17.0 needs vocab_size divisible by 2 (transformers 5.21 "
+        "and later shard an uneven lm_head); found: llama with vocab_size 511")
+    llama.vocab_size = 512
+    assert tensor_parallel_probe("cpu", 0, 2, llama) is None
+    llama.vocab_size = 511
+    monkeypatch.setattr(parallel, "package_version", lambda name: "5.21.0")
+    assert tensor_parallel_probe("cpu", 0, 2, llama) is None
