@@ -20,6 +20,11 @@ all three:
         [--ab-fail latency:5%] [--techniques sdpa,static_cache] [--scenarios null,slowed-candidate,slowed-reference]
         [--keep DIR] [--out FILE] [-- PYTEST_ARGS]
 
+``--cost`` measures what the A/B costs instead: each test's wall time in sessions without and with ``--opt-ab``
+(a reference that is this same interpreter), in turn (goal: at most 1.6x):
+
+    python benchmarks/ab_study.py --cost [--runs 3] [--model tiny-random-llama] [-- PYTEST_ARGS]
+
 ``--pair`` measures one real pair instead: the reference is another environment's interpreter (default
 ``.venv-kernels/bin/python``: transformers 5.22, built by ``scripts/kernels_env.sh``) against this one, on
 ``smollm2-135m`` for sdpa, static_cache and compile; every figure with its 95% interval and p-value:
@@ -423,6 +428,58 @@ def run_pair(*, reference: str, runs: int, model: str, techniques: Sequence[str]
     return sessions
 
 
+# --------------------------------------------------------------------------- cost: wall time with and without --opt-ab
+
+_DURATION = re.compile(r"^\s*([0-9.]+)s (setup|call|teardown)\s+\S+::(\w+)", re.MULTILINE)
+
+
+def seconds_per_test(output: str) -> dict[str, float]:
+    """Each test's wall time (setup + call + teardown) from pytest's ``--durations=0`` lines."""
+    seconds: dict[str, float] = {}
+    for value, _phase, name in _DURATION.findall(output):
+        seconds[name] = seconds.get(name, 0.0) + float(value)
+    return seconds
+
+
+def run_cost(*, runs: int, model: str, techniques: Sequence[str], max_new_tokens: int,
+             extra_args: Sequence[str]) -> list[tuple[str, dict[str, float]]]:
+    """``runs`` pairs of sessions of the same project, without and with ``--opt-ab`` (a reference that is this
+    same interpreter), in turn: ("without" | "with", test -> seconds) per session."""
+    results: list[tuple[str, dict[str, float]]] = []
+    with tempfile.TemporaryDirectory(prefix="ab-cost-") as folder:
+        root = Path(folder)
+        (root / TEST_FILE).write_text(project_source(model, techniques, max_new_tokens), encoding="utf-8")
+        same = write_wrapper(root / "reference-python", sys.executable)
+        for index in range(runs):
+            for kind in ("without", "with"):
+                command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-W",
+                           "ignore", "--opt-budgets=off", "--durations=0", "--durations-min=0", *extra_args, TEST_FILE]
+                if kind == "with":
+                    command.insert(-1, f"--opt-ab={same}")
+                done = subprocess.run(command, cwd=root, check=False, env=session_env(None), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+                seconds = seconds_per_test(done.stdout)
+                results.append((kind, seconds))
+                print(f"[{len(results)}/{2 * runs}] {kind} --opt-ab: exit {done.returncode}, "
+                      + ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()), file=sys.stderr, flush=True)
+    return results
+
+
+def cost_table(results: Sequence[tuple[str, dict[str, float]]], *, command: str, model: str) -> str:
+    """Per test: median wall time without and with --opt-ab, and their ratio (goal: at most 1.6x)."""
+    tests = sorted({name for _kind, seconds in results for name in seconds})
+    lines = [f"    {command}", "", f"Model `{model}`; each test's wall time (setup + call + teardown, pytest's "
+             f"`--durations`), median over {sum(1 for k, _ in results if k == 'with')} sessions each, taken in turn.", "",
+             "| test | without --opt-ab | with --opt-ab | ratio |", "| --- | --- | --- | --- |"]
+    for name in tests:
+        without = [s[name] for k, s in results if k == "without" and name in s]
+        with_ab = [s[name] for k, s in results if k == "with" and name in s]
+        if without and with_ab:
+            a, b = statistics.median(without), statistics.median(with_ab)
+            lines.append(f"| {name} | {a:.1f} s | {b:.1f} s | {b / a:.2f}x |")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- command line
 
 
@@ -444,13 +501,20 @@ def main(argv: Sequence[str] | None = None, runner: SessionRunner = run_session)
                         help="comma-separated: null, slowed-candidate, slowed-reference")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--pair", action="store_true", help="instead: this environment against --reference")
+    parser.add_argument("--cost", action="store_true",
+                        help="instead: each test's wall time without and with --opt-ab (a same-interpreter reference)")
     parser.add_argument("--reference", default=str(KERNELS_PYTHON), help="pair: the reference environment's python")
     parser.add_argument("--keep", type=Path, default=None, help="copy every session's JSON report into this folder")
     parser.add_argument("--out", type=Path, default=None, help="also write the Markdown here")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --, e.g. -- --opt-rounds=7")
     args = parser.parse_args(argv)
     command = _command_line(argv)
-    if args.pair:
+    if args.cost:
+        model = args.model or "tiny-random-llama"
+        results = run_cost(runs=args.runs or 3, model=model, techniques=_split(args.techniques, STUDY_TECHNIQUES),
+                           max_new_tokens=args.max_new_tokens, extra_args=args.pytest_args)
+        text = cost_table(results, command=command, model=model)
+    elif args.pair:
         reference = Path(args.reference)
         if not (reference.is_file() and os.access(reference, os.X_OK)):
             raise SystemExit(f"ab_study.py: no reference interpreter at {reference}: build .venv-kernels with "

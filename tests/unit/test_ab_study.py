@@ -295,3 +295,19 @@ def test_main_prints_and_writes_the_table_with_the_exact_command(tmp_path: Path,
     assert out.read_text(encoding="utf-8") == printed
     assert f"benchmarks/ab_study.py --runs 1 --scenarios null --techniques sdpa --out {out} -- --opt-rounds=5" in printed
     assert "| null | 1 | 1 (`ok`) | 0 | 0 | 0 | 0 | 0 | 1 |" in printed
+
+
+def test_the_cost_mode_reads_each_tests_wall_time_from_pytests_durations() -> None:
+    output = """
+============================= slowest durations ==============================
+3.10s call     test_ab_study.py::test_sdpa
+0.50s setup    test_ab_study.py::test_sdpa
+1.00s call     test_ab_study.py::test_static_cache
+0.01s teardown test_ab_study.py::test_static_cache
+2 passed in 9.0s
+"""
+    assert ab_study.seconds_per_test(output) == {"test_sdpa": 3.6, "test_static_cache": 1.01}
+    table = ab_study.cost_table([("without", {"test_sdpa": 2.0}), ("with", {"test_sdpa": 3.0}),
+                                 ("without", {"test_sdpa": 2.2}), ("with", {"test_sdpa": 3.2})],
+                                command="python benchmarks/ab_study.py --cost", model="tiny-random-llama")
+    assert "| test_sdpa | 2.1 s | 3.1 s | 1.48x |" in table
