@@ -37,3 +37,25 @@ class {class_name}(Technique):
             for handle in handles:
                 handle.remove()
 '''
+
+
+def sleepy_technique(pause: str = "0.02") -> str:
+    """The source of a ``Technique`` subclass ``Sleepy`` (catalogue name ``sleepy``) that sleeps ``pause`` seconds
+    (a Python expression, read at each generate) before every forward pass: rounds of a steady length whatever
+    else the machine does; the conftest imports ``contextlib``, ``time`` and ``Technique``."""
+    return f'''
+class Sleepy(Technique):
+    """Sleeps before every forward pass: rounds of a steady length on a busy machine."""
+    name = "sleepy"
+    family = "test"
+    summary = "sleeps before every forward pass"
+
+    @contextlib.contextmanager
+    def around_generate(self, model):
+        pause = {pause}
+        handle = model.register_forward_pre_hook(lambda module, args: time.sleep(pause))
+        try:
+            yield
+        finally:
+            handle.remove()
+'''

@@ -332,6 +332,12 @@ class ReferenceWorker:
         self._reap()
         for reader in self._readers:
             reader.join(timeout=1.0)  # the stderr pipe may stay open in a grandchild: not waited for
+        # the pipes closed here, not by the collector: an unclosed file found by a later collection is a
+        # ResourceWarning raised wherever that collection happens to run (an "unraisable" error in pytest)
+        for reader, stream in zip(self._readers, (self.process.stdout, self.process.stderr)):
+            # a reader still blocked on its pipe (held open by a grandchild) would block the close: left
+            if stream is not None and not reader.is_alive():
+                stream.close()
         for folder in (self._pythonpath, self._scratch):
             if folder:
                 shutil.rmtree(folder, ignore_errors=True)

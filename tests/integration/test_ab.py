@@ -15,6 +15,7 @@ import pytest
 
 # the slowed reference's sitecustomize: the study's own (benchmarks/ab_study.py), loaded from its file
 from benchmark_scripts import ab_study  # noqa: E402  (tests/ is on sys.path): the reference wrapper
+from slowdown import sleepy_technique  # noqa: E402
 
 AB_ROUNDS = ("--opt-rounds=6",)  # enough rounds per side for the rank test to reach significance
 
@@ -51,23 +52,7 @@ from pytest_transformers_opt.techniques import Technique
 
 IN_REFERENCE = sys.argv[0].endswith("ab_worker.py")
 SLOWED = "{slowed}"
-
-
-class Sleepy(Technique):
-    name = "sleepy"
-    family = "test"
-    summary = "sleeps before every forward pass"
-
-    @contextlib.contextmanager
-    def around_generate(self, model):
-        slowed = SLOWED == ("reference" if IN_REFERENCE else "candidate")
-        pause = 0.04 if slowed else 0.02
-        handle = model.register_forward_pre_hook(lambda module, args: time.sleep(pause))
-        try:
-            yield
-        finally:
-            handle.remove()
-
+''' + sleepy_technique("0.04 if SLOWED == ('reference' if IN_REFERENCE else 'candidate') else 0.02") + '''
 
 def pytest_opt_register_techniques(registry):
     registry.register(Sleepy)
@@ -189,18 +174,18 @@ def test_quantized_cache(opt_bench):
 
 def test_a_worker_that_dies_mid_round_fails_that_test_with_its_last_lines_and_the_next_test_starts_a_new_one(
         run_user, pytester, monkeypatch):
-    reference = _wrapper(pytester.path / "reference-python")
+    reference = _wrapper(pytester.path / "reference-python", before='echo "$$" >> "$(dirname "$0")/started"')
     # the worker's own switch for this test: exit on its 3rd generate request (a warm-up round), unanswered;
     # only the first worker of the session (the file says one crashed already)
     monkeypatch.setenv("_PYTEST_OPT_AB_WORKER_CRASH_AT", f"generate:3:{pytester.path / 'crashed-once'}")
-    before = _worker_pids()
     run = run_user(TWO_TESTS, f"--opt-ab={reference}")
     run.result.assert_outcomes(passed=1, failed=1)
     run.result.stdout.fnmatch_lines(["*--opt-ab: the reference environment's worker died*exit status 70*"])
     failed = [name for name in ("test_sdpa", "test_static_cache") if run.test(name)["outcome"] == "failed"]
     passed = [name for name in ("test_sdpa", "test_static_cache") if run.test(name)["outcome"] == "passed"]
     assert len(failed) == 1 and "ab" in run.test(passed[0])
-    assert _worker_pids() <= before  # no worker outlives the session
+    started = {int(pid) for pid in (pytester.path / "started").read_text().split()}
+    assert len(started) == 2 and not _worker_pids() & started  # two workers, and none outlives the session
 
 
 def test_collect_only_starts_no_worker(pytester):

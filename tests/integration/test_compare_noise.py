@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from slowdown import sleepy_technique  # tests/ is on sys.path
+
 SLEEPY = '''
 import contextlib
 import time
@@ -24,20 +26,7 @@ import time
 from pytest_transformers_opt.techniques import Technique
 
 
-class Sleepy(Technique):
-    """Sleeps 20 ms in every forward pass: rounds of a steady length, whatever else the machine does."""
-    name = "sleepy"
-    family = "test"
-    summary = "sleeps in every forward"
-
-    @contextlib.contextmanager
-    def around_generate(self, model):
-        handle = model.register_forward_pre_hook(lambda module, args: time.sleep(0.02))
-        try:
-            yield
-        finally:
-            handle.remove()
-
+''' + sleepy_technique() + '''
 
 def pytest_opt_register_techniques(registry):
     registry.register(Sleepy)
