@@ -59,3 +59,11 @@ class Sleepy(Technique):
         finally:
             handle.remove()
 '''
+
+
+def sleepy_conftest(prelude: str = "", pause: str = "0.02") -> str:
+    """A whole conftest registering ``sleepy_technique(pause)``; ``prelude`` (module-level lines after the
+    imports) may define what ``pause`` reads."""
+    return ("import contextlib\nimport sys\nimport time\n\nfrom pytest_transformers_opt.techniques import Technique\n"
+            + prelude + sleepy_technique(pause)
+            + "\n\ndef pytest_opt_register_techniques(registry):\n    registry.register(Sleepy)\n")

@@ -15,7 +15,7 @@ import pytest
 
 # the slowed reference's sitecustomize: the study's own (benchmarks/ab_study.py), loaded from its file
 from benchmark_scripts import ab_study  # noqa: E402  (tests/ is on sys.path): the reference wrapper
-from slowdown import sleepy_technique  # noqa: E402
+from slowdown import sleepy_conftest  # noqa: E402
 
 AB_ROUNDS = ("--opt-rounds=6",)  # enough rounds per side for the rank test to reach significance
 
@@ -43,20 +43,11 @@ def test_sdpa(opt_bench):
 # busy machine (on an oversubscribed one the scheduler favours the reference's idle worker: a CPU-bound null
 # once read +120% under the suite's two workers), registered in the conftest, which the reference's worker
 # imports too. SLOWED doubles the pause in one environment only: the worker knows itself by its script.
-SLEEPY_CONFTEST = '''
-import contextlib
-import sys
-import time
-
-from pytest_transformers_opt.techniques import Technique
-
+SLEEPY_CONFTEST = sleepy_conftest(
+    '''
 IN_REFERENCE = sys.argv[0].endswith("ab_worker.py")
 SLOWED = "{slowed}"
-''' + sleepy_technique("0.04 if SLOWED == ('reference' if IN_REFERENCE else 'candidate') else 0.02") + '''
-
-def pytest_opt_register_techniques(registry):
-    registry.register(Sleepy)
-'''
+''', "0.04 if SLOWED == ('reference' if IN_REFERENCE else 'candidate') else 0.02")
 
 SLEEPY_TEST = '''
 import pytest

@@ -17,20 +17,9 @@ from typing import Any
 
 import pytest
 
-from slowdown import sleepy_technique  # tests/ is on sys.path
+from slowdown import sleepy_conftest  # tests/ is on sys.path
 
-SLEEPY = '''
-import contextlib
-import time
-
-from pytest_transformers_opt.techniques import Technique
-
-
-''' + sleepy_technique() + '''
-
-def pytest_opt_register_techniques(registry):
-    registry.register(Sleepy)
-'''
+SLEEPY = sleepy_conftest()
 
 TEST = '''
 import pytest
