@@ -63,9 +63,11 @@ class RunName:
 
     @property
     def order(self) -> tuple[_dt.datetime, int, str]:
-        """Recording order: the name's time, or for a future-dated name the time its file was written."""
+        """Recording order: the name's time, or for a future-dated name the time its file was written, to the
+        second as names are (a run named in the same second after it has a higher ``seq``)."""
         if self.future:
-            return self.written or _dt.datetime.min.replace(tzinfo=_dt.timezone.utc), self.seq, self.name
+            written = self.written or _dt.datetime.min.replace(tzinfo=_dt.timezone.utc)
+            return written.replace(microsecond=0), self.seq, self.name
         return self.moment, self.seq, self.name
 
     def label(self) -> tuple[str, str]:

@@ -18,7 +18,13 @@ def device_check() -> ModuleType:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["device_check"] = module
-    spec.loader.exec_module(module)
+    path = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        # the script puts the checkout first on sys.path (run without installing): left there, later in-process runs
+        # of this worker find the checkout's egg-info first and warn that the plugin "cannot be rewritten"
+        sys.path[:] = path
     return module
 
 

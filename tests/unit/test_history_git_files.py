@@ -48,3 +48,22 @@ def test_crafted_git_files_give_no_commit(tmp_path: Path, no_git: None) -> None:
     (tmp_path / "c" / ".git" / "refs" / "heads" / "main").write_bytes(b"\xff\xfe" * 10)
     assert history.git_commit(binary) == (None, False)
     assert history.git_commit(tmp_path) == (None, False)  # outside any checkout
+
+
+def test_a_future_dated_run_written_within_the_second_of_an_earlier_run_is_ordered_before_the_later_one(
+        tmp_path: Path) -> None:
+    """Names say the second, a file's mtime says the microsecond: a future-dated file written at 12:00:00.8, after
+    ``...120000Z.json`` and before ``...120000Z_2.json`` (both named in that second), sits between them (CI found
+    it after ``_2``: the name's 12:00:00.000 came before the mtime's 12:00:00.8)."""
+    import datetime as dt
+    import os
+
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(seconds=30)
+    stamp = now.strftime("%Y%m%dT%H%M%SZ")
+    first, later, future = f"{stamp}.json", f"{stamp}_2.json", "20990105T100000Z.json"
+    for name in (first, later, future):
+        (tmp_path / name).write_text("{}")
+    written = (now + dt.timedelta(microseconds=800_000)).timestamp()
+    os.utime(tmp_path / future, (written, written))
+    assert [name.name for name in history.run_names(tmp_path)] == [first, future, later]
+    assert [name.future for name in history.run_names(tmp_path)] == [False, True, False]
