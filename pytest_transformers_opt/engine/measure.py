@@ -327,21 +327,31 @@ class Timings:
     def latency_samples(self) -> list[float]:
         return [r.latency_s for r in self.rounds]
 
+    def ttft_samples(self) -> list[float]:
+        """Each round's time to the first token (rounds that measured it): ``ttft_s`` is their median."""
+        return [r.ttft_s for r in self.rounds if r.ttft_s is not None]
+
+    def tpot_samples(self) -> list[float]:
+        return [tpot for tpot in (r.tpot_s for r in self.rounds) if tpot is not None]
+
+    def throughput_samples(self) -> list[float]:
+        return [r.tokens / r.total_s for r in self.rounds if r.total_s > 0]
+
     @property
     def latency_s(self) -> float | None:
         return median(self.latency_samples())
 
     @property
     def ttft_s(self) -> float | None:
-        return median([r.ttft_s for r in self.rounds if r.ttft_s is not None])
+        return median(self.ttft_samples())
 
     @property
     def tpot_s(self) -> float | None:
-        return median([r.tpot_s for r in self.rounds if r.tpot_s is not None])
+        return median(self.tpot_samples())
 
     @property
     def throughput_tok_s(self) -> float | None:
-        return median([r.tokens / r.total_s for r in self.rounds if r.total_s > 0])
+        return median(self.throughput_samples())
 
     @property
     def tokens(self) -> int:

@@ -61,10 +61,11 @@ def _fmt_fraction(value: float) -> str:
 
 METRICS: dict[str, _Metric] = {
     "latency": _Metric(("optimized", "latency_s"), False, format_duration, timed=True, samples="latency_samples_s"),
-    "ttft": _Metric(("optimized", "ttft_s"), False, format_duration, timed=True),
-    "tpot": _Metric(("optimized", "tpot_s"), False, format_duration, timed=True),
+    "ttft": _Metric(("optimized", "ttft_s"), False, format_duration, timed=True, samples="ttft_samples_s"),
+    "tpot": _Metric(("optimized", "tpot_s"), False, format_duration, timed=True, samples="tpot_samples_s"),
     "peak_memory": _Metric(("optimized", "peak_memory_bytes"), False, format_bytes),
-    "throughput": _Metric(("optimized", "throughput_tok_s"), True, _fmt_throughput, timed=True),
+    "throughput": _Metric(("optimized", "throughput_tok_s"), True, _fmt_throughput, timed=True,
+                          samples="throughput_samples_tok_s"),
     "speedup": _Metric(("speedup",), True, format_ratio, timed=True, ratio_of=("baseline", "optimized")),
     "kl_mean": _Metric(("similarity", "kl_mean"), False, _fmt_kl),
     "kl_max": _Metric(("similarity", "kl_max"), False, _fmt_kl),
@@ -360,8 +361,6 @@ def _rule(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, 
           sides: Sides = REPORTS) -> _Rule:
     """The sample rule where both reports keep rounds that can reach significance; else the median rule and why."""
     metric = threshold.metric
-    if METRICS[metric].samples is None and METRICS[metric].ratio_of is None:
-        return _Rule(MEDIAN_RULE, f"the {sides.record}s keep no per-round {metric} samples")
     if threshold.relative and old == 0:
         return _Rule(MEDIAN_RULE, f"the {sides.old} median is 0")
     rounds: dict[str, list[float]] = {}

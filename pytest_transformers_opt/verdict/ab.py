@@ -33,9 +33,9 @@ if TYPE_CHECKING:
 # metric -> (key on a side, per-round samples key or None, higher is better), in the order the reports show them
 FIGURES: dict[str, tuple[str, str | None, bool]] = {
     "latency": ("latency_s", "latency_samples_s", False),
-    "ttft": ("ttft_s", None, False),
-    "tpot": ("tpot_s", None, False),
-    "throughput": ("throughput_tok_s", None, True),
+    "ttft": ("ttft_s", "ttft_samples_s", False),
+    "tpot": ("tpot_s", "tpot_samples_s", False),
+    "throughput": ("throughput_tok_s", "throughput_samples_tok_s", True),
     "peak_memory": ("peak_memory_bytes", None, False),
 }
 AB_METRICS: tuple[str, ...] = (*FIGURES, "kl_mean", "kl_max", "top1", "token_match")

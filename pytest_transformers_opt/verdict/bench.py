@@ -184,6 +184,8 @@ def _side(timings: Timings, *, peak: int | None, load_time: float | None, texts:
         throughput_tok_s=timings.throughput_tok_s, peak_memory_bytes=peak, load_time_s=load_time,
         compile_time_s=compile_time, tokens_generated=timings.tokens, texts=texts, rounds=len(timings.rounds),
         recompiles=recompiles, warmup_s=list(timings.warmup_s), latency_samples_s=timings.latency_samples(),
+        ttft_samples_s=timings.ttft_samples(), tpot_samples_s=timings.tpot_samples(),
+        throughput_samples_tok_s=timings.throughput_samples(),
         memory_method=memory.method if memory else memory_method,
         device_memory_used_bytes=memory.device_used_bytes if memory else None,
         reserved_memory_bytes=memory.reserved_peak_delta_bytes if memory else None,

@@ -76,6 +76,10 @@ class SideMetrics:
     recompiles: int | None = None
     warmup_s: list[float] = field(default_factory=list)
     latency_samples_s: list[float] = field(default_factory=list)
+    # per round, where measured: what an A/B verdict's interval and rank test of these figures need
+    ttft_samples_s: list[float] = field(default_factory=list)
+    tpot_samples_s: list[float] = field(default_factory=list)
+    throughput_samples_tok_s: list[float] = field(default_factory=list)
     memory_method: str = ""
     device_memory_used_bytes: int | None = None  # CUDA: NVML's figure, including memory torch does not see
     reserved_memory_bytes: int | None = None  # CUDA: peak the caching allocator reserved during generation

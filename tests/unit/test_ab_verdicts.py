@@ -136,7 +136,7 @@ def test_kl_mean_is_judged_on_the_cross_environment_similarity() -> None:
 def test_the_median_rule_says_which_side_in_the_ab_words() -> None:
     record = judged(SLOWER, REFERENCE_ROUNDS, "ttft:5%")
     assert record["verdict"] == "regressed"  # no rounds: the medians alone judge, as --opt-compare-fail does
-    assert record["judged"][0]["note"] == "the sides keep no per-round ttft samples"
+    assert record["judged"][0]["note"] == "the reference side keeps no per-round ttft samples"
     test = row("t.py::test_a", SLOWER, ab_record(REFERENCE_ROUNDS))
     test["ab"]["optimized"] = None
     assert judge_ab(test, test["ab"], gate("latency:5%")) == {
@@ -339,3 +339,28 @@ def test_an_oversubscribed_machine_is_said_in_the_notes_and_a_quiet_one_is_not()
     assert oversubscribed_note({"load_average": [1.2, 2.0], "cores": 2}) is None
     assert oversubscribed_note({"load_average": None, "cores": 2}) is None
     assert oversubscribed_note(None) is None
+
+
+def test_ttft_tpot_and_throughput_get_intervals_and_the_rank_test_from_their_per_round_samples() -> None:
+    """Each side keeps every round's TTFT, TPOT and throughput: the A/B words and the gate use them as they use
+    the latency rounds (a 10% slower TTFT in every round regresses at ttft:5% by the sample rule)."""
+    candidate, reference = row("t.py::test_a", SLOWER, ab_record(REFERENCE_ROUNDS)), ab_record(REFERENCE_ROUNDS)
+    for side, rounds in ((candidate["optimized"], SLOWER), (reference["optimized"], REFERENCE_ROUNDS)):
+        side["ttft_samples_s"] = [r / 8 for r in rounds]
+        side["tpot_samples_s"] = [r / 10 for r in rounds]
+        side["throughput_samples_tok_s"] = [8 / r for r in rounds]
+        side["ttft_s"], side["tpot_s"] = side["latency_s"] / 8, side["latency_s"] / 10
+        side["throughput_tok_s"] = 8 / side["latency_s"]
+    candidate["ab"] = reference
+    figures = ab_figures(candidate, reference)
+    for metric, word in (("ttft", "slower"), ("tpot", "slower"), ("throughput", "faster")):
+        record = figures[metric]
+        assert record["note"] is None and record["interval_pct"] is not None, (metric, record)
+        assert record["p_value"] < 0.01
+    assert figures["ttft"]["interval_pct"] == pytest.approx([10.0, 10.0])  # paired: every round 10% slower
+    assert figures["throughput"]["word"] == "slower"  # throughput fell: the slower word for a higher-is-better figure
+    candidate["ab"]["figures"] = figures
+    verdict = judge_ab(candidate, candidate["ab"], gate("ttft:5%,throughput:5%"))
+    assert verdict["verdict"] == "regressed"
+    notes = [judged["note"] for judged in verdict["judged"]]
+    assert all(note is None or "per-round" not in note for note in notes), notes
