@@ -4,15 +4,18 @@
 prints one recommended optimization with its configuration, documentation, tradeoffs, open
 compatibility questions and a validation test. ``pytest-opt merge`` joins the JSON reports of many
 shards into one, and can gate it against an earlier report as ``--opt-compare-fail`` does (exit 1 on
-a regression). Bad input exits with status 2 and one line on stderr that names the option (or the
-file) and the accepted forms.
+a regression). ``pytest-opt history`` finds and dates the change points of a folder written by
+``--opt-history`` (or writes it as Otava's CSV). Bad input exits with status 2 and one line on stderr that
+names the option (or the file) and the accepted forms.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
@@ -92,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="JSON report of an earlier run (pytest --opt-report-json=PATH): its measurements "
                              "decide the next step")
     _add_merge(commands)
+    _add_history(commands)
     return parser
 
 
@@ -119,6 +123,148 @@ def _add_merge(commands: Any) -> None:
     merge.add_argument("--compare-fail", metavar="SPEC",
                        help="with --compare: exit 1 when a test regressed past these thresholds, as pytest "
                             "--opt-compare-fail does, e.g. latency:10%%,peak_memory:5%%,kl_mean:0.01")
+
+
+HISTORY_METRICS = ("latency", "peak_memory", "kl_mean", "speedup")  # report.changepoints.METRICS, not imported here
+DEFAULT_HISTORY_RUNS = 200
+_QUIET_RUNS = 40  # runs read in a second or two, silently (a report of 20 tests: about 25 ms to read and check)
+_OTAVA_YAML = """\
+  tests:
+    sdpa:
+      type: csv
+      file: sdpa.csv
+      time_column: time
+      attributes: [commit]
+      metrics:
+        latency: {direction: -1}      # lower is better
+        peak_memory: {direction: -1}
+        kl_mean: {direction: -1}
+        speedup: {direction: 1}       # higher is better"""
+
+
+def _add_history(commands: Any) -> None:
+    history = commands.add_parser(
+        "history",
+        help="the change points of a recorded history (pytest --opt-history=DIR), dated by run and commit",
+        description=textwrap.fill(
+            "Find where each test's figures moved in a history folder written by pytest --opt-history=DIR: per "
+            "test and hardware and figure, each change point's first run after the change (its time and commit, "
+            "and the commit range since the run before), its size (the ratio of the medians after and before, "
+            "with a 95% bootstrap interval) and how sure it is (a permutation p-value). Change points are "
+            "proposed by ruptures (binary segmentation) and kept at p <= 0.001; a change needs 3 runs on each "
+            "side, so a history needs 6 runs (the last run against its reference is pytest --opt-compare's "
+            "job). Needs the history extra: pip install \"pytest-transformers-opt[history]\".", 79),
+        epilog="\n\n".join([
+            textwrap.fill(
+                "Figures (--metric): latency is optimized.latency_s (seconds), peak_memory "
+                "optimized.peak_memory_bytes (bytes), kl_mean similarity.kl_mean, speedup the speedup over the "
+                "baseline. A run where a figure is missing or not finite is left out of that figure's series.", 79),
+            textwrap.fill(
+                "--format otava-csv writes one test's runs as Apache Otava's CSV importer reads them: a header "
+                "time,commit,<figure>..., one row per run, oldest first, the time in ISO 8601 with its zone "
+                "(UTC). Otava reads one test per CSV file, so --test (and --hardware where the test ran on "
+                "several) must select exactly one; and since Otava converts every figure cell to a number, a "
+                "run missing one of the figures written is left out (choose them with --metric). An otava.yaml "
+                "for it:", 79) + "\n" + _OTAVA_YAML,
+            textwrap.fill(
+                "Exit status: 0 the history was read (this command reports, it does not gate: use pytest "
+                "--opt-compare=DIR for that); 2 bad usage, a missing folder or one with no readable recorded "
+                "run, or ruptures not installed (one line). Each file of the folder that cannot be read is "
+                "named on stderr, one line each ('left out: NAME: why'), and the rest is analysed.", 79),
+        ]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    history.add_argument("folder", metavar="DIR", help="the history folder (pytest --opt-history=DIR)")
+    history.add_argument("--test", metavar="EXPR",
+                         help="only tests whose node id contains EXPR (a plain substring, not a -k expression); a "
+                              "full node id selects that test alone")
+    history.add_argument("--hardware", metavar="TEXT",
+                         help="only tests run on hardware whose fingerprint contains TEXT (e.g. H100, or CPU)")
+    history.add_argument("--metric", action="append", choices=HISTORY_METRICS, metavar="NAME",
+                         help=f"the figure to follow: {', '.join(HISTORY_METRICS)}; repeat for several. "
+                              f"Default: all four")
+    history.add_argument("--format", choices=("text", "json", "otava-csv"), default=None, dest="output_format",
+                         help="text (default): one line per change point, or per series without one; json: every "
+                              "series with its values and change points; otava-csv: see below")
+    history.add_argument("--json", action="store_true", help="the same as --format json")
+    history.add_argument("--limit", metavar="N", default=str(DEFAULT_HISTORY_RUNS),
+                         help=f"read the newest N recorded runs. Default: {DEFAULT_HISTORY_RUNS}")
+
+
+def _history_format(args: argparse.Namespace) -> str:
+    if args.json and args.output_format not in (None, "json"):
+        raise OptConfigError(f"--json and --format {args.output_format}: choose one output")
+    return "json" if args.json else (args.output_format or "text")
+
+
+def run_history(args: argparse.Namespace) -> int:
+    # Lazy: the report stage is not needed by advise, and the detection's numpy and ruptures load on use.
+    from .report import changepoints
+    from .report.history import load_history, run_names
+
+    output = _history_format(args)
+    limit = _int(args.limit, "--limit") or DEFAULT_HISTORY_RUNS
+    if output != "otava-csv":  # the CSV needs no detection: it works without the extra
+        changepoints.require_ruptures()
+    folder = Path(args.folder).expanduser()
+    accepted = "give the folder pytest --opt-history=DIR records its runs in"
+    if not folder.exists():
+        raise OptConfigError(f"{args.folder!r} does not exist; {accepted}")
+    if not folder.is_dir():
+        raise OptConfigError(f"{args.folder!r} is not a folder; {accepted}")
+    recorded = len(run_names(folder))
+    if not recorded:
+        raise OptConfigError(f"{args.folder!r} holds no recorded run (files named like 20261201T131500Z-1a2b3c4.json); "
+                             f"{accepted}")
+    slow = min(recorded, limit) > _QUIET_RUNS
+    if slow:  # on stderr: stdout holds the JSON or the CSV alone
+        sys.stderr.write(f"reading {min(recorded, limit)} recorded runs in {args.folder} ...\n")
+    began = time.perf_counter()
+    history = load_history(folder, limit)
+    for why in history.left_out:
+        sys.stderr.write(f"left out: {' '.join(why.split())}\n")
+    if not history.runs:
+        count = len(history.left_out)
+        raise OptConfigError(f"none of the {count} recorded run{'s' if count != 1 else ''} read in {args.folder!r} "
+                             f"could be used (each is named above)")
+    tracks = changepoints.select_tracks(changepoints.tracked_tests(history), test=args.test, hardware=args.hardware)
+    if not tracks and (args.test is not None or args.hardware is not None):
+        chosen = " and ".join(f"{option} {value!r}" for option, value in (("--test", args.test),
+                                                                         ("--hardware", args.hardware)) if value)
+        raise OptConfigError(f"{chosen}: no measured test of the {len(history.runs)} runs read matches")
+    if not tracks and output == "otava-csv":
+        raise OptConfigError(f"--format otava-csv: no measured test in the {len(history.runs)} runs read")
+    metrics = args.metric or list(HISTORY_METRICS)
+    if output == "otava-csv":
+        if len(tracks) != 1:
+            names = ", ".join(track.label for track in tracks[:4]) + (", ..." if len(tracks) > 4 else "")
+            raise OptConfigError(f"--format otava-csv: Otava reads one test per CSV file and {len(tracks)} tests "
+                                 f"match ({names}); select one with --test (and --hardware)")
+        sys.stdout.write(changepoints.otava_csv(tracks[0], metrics))
+        return 0
+    first, last = history.runs[0].name, history.runs[-1].name
+    span = f"{first.name} .. {last.name}" if first and last else ""
+    if output == "json":
+        series = [changepoints.to_json(analysis) for track in tracks
+                  for analysis in changepoints.analyse_track(track, metrics)]
+        if slow:
+            sys.stderr.write(f"read {len(history.runs)} runs and analysed {len(series)} series in "
+                             f"{time.perf_counter() - began:.1f} s\n")
+        document = {"folder": history.folder, "runs_read": len(history.runs), "left_out": history.left_out,
+                    "method": changepoints.method_json(), "series": series}
+        sys.stdout.write(json.dumps(document, indent=1, allow_nan=False) + "\n")
+        return 0
+    runs = len(history.runs)
+    print(f"history {history.folder}: {runs} run{'s' if runs != 1 else ''} read ({span}), {len(tracks)} "
+          f"test{'s' if len(tracks) != 1 else ''} on their hardware", flush=True)
+    found = analysed = 0
+    for track in tracks:  # a line per series as it is analysed: a long history shows progress
+        for analysis in changepoints.analyse_track(track, metrics):
+            analysed += 1
+            found += len(analysis.change_points)
+            print("\n".join(changepoints.describe(analysis)), flush=True)
+    print(f"{found} change point{'s' if found != 1 else ''} in {analysed} series")
+    return 0
 
 
 def _int(value: str | None, option: str) -> int | None:
@@ -301,7 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return run_merge(args) if args.command == "merge" else run_advise(args)
+        commands = {"merge": run_merge, "history": run_history, "advise": run_advise}
+        return commands[args.command](args)
     except OptConfigError as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message held
         sys.stderr.write(f"{PROG} {args.command}: error: {message}\n")
