@@ -23,6 +23,7 @@ from .engine.gpu_pinning import parse_gpus_per_worker
 from .files import check_writable
 from .verdict.sequential import AUTO_ROUNDS, MAX_WARMUP, ROUNDS_FORMS, RoundsRule, parse_rounds
 from .verdict.budgets import BUDGET_MODES, BUDGETS, parse_budget
+from .verdict.stats import MIN_WINDOW_RUNS
 from .errors import OptConfigError
 from .units import parse_non_negative_int
 
@@ -71,6 +72,15 @@ MAX_HISTORY_KEEP = 100_000
 
 def _history_keep(value: str) -> int:
     return parse_non_negative_int(value, "recorded runs to keep", minimum=1, maximum=MAX_HISTORY_KEEP)
+
+
+DEFAULT_COMPARE_WINDOW = 10
+MAX_COMPARE_WINDOW = 1000
+
+
+def _compare_window(value: str) -> int:
+    return parse_non_negative_int(value, "recorded runs in the window", minimum=MIN_WINDOW_RUNS,
+                                  maximum=MAX_COMPARE_WINDOW)
 
 
 def _path(value: str) -> str:
@@ -129,8 +139,14 @@ OPTIONS: tuple[OptionDef, ...] = (
               "where stored baselines live", "DIR", is_path=True),
     OptionDef("--opt-update-baselines", "opt_update_baselines", None, _bool, False,
               "(re)write stored baselines from this run", is_flag=True, has_env=False),
-    OptionDef("--opt-compare", "opt_compare", None, _path, None, "compare with an earlier JSON report", "PATH",
-              is_path=True),
+    OptionDef("--opt-compare", "opt_compare", None, _path, None,
+              "compare with an earlier JSON report, or with each test's recorded runs in a folder written by "
+              "--opt-history (a window of runs: see --opt-compare-window)", "PATH", is_path=True),
+    OptionDef("--opt-compare-window", "opt_compare_window", "opt_compare_window", _compare_window,
+              DEFAULT_COMPARE_WINDOW,
+              f"with --opt-compare=DIR (a folder written by --opt-history): judge each test against its last N "
+              f"recorded runs on the same hardware and stack, with their run-to-run spread ({MIN_WINDOW_RUNS} to "
+              f"{MAX_COMPARE_WINDOW})", "N"),
     OptionDef("--opt-compare-fail", "opt_compare_fail", "opt_compare_fail", _text, None,
               "regressions that fail the run: latency:10%,peak_memory:5%,kl_mean:0.01", "EXPR[,EXPR]"),
     OptionDef("--opt-gpus-per-worker", "opt_gpus_per_worker", "opt_gpus_per_worker", parse_gpus_per_worker, None,
@@ -218,6 +234,7 @@ class Settings:
     baselines: str
     update_baselines: bool
     compare: str | None
+    compare_window: int
     compare_fail: str | None
     gpus_per_worker: int | None
     cpu_threads: int | None  # None: auto (each pytest-xdist worker's share of the cores)
@@ -233,6 +250,7 @@ class Settings:
     ini_budgets: dict[str, str]  # budget name -> the ini value, checked
     baseline: tuple[str, ...]  # ini opt_baseline, else eager
     compare_report: dict[str, Any] | None  # the --opt-compare report, read at configure time
+    compare_history: str | None  # the --opt-compare folder of recorded runs (read at the end), instead of a report
     compare_thresholds: list[Threshold]  # --opt-compare-fail, parsed
     ab_thresholds: list[Threshold]  # --opt-ab-fail, parsed
     notes: tuple[str, ...] = ()  # project-wide settings (ini, environment) this run leaves unused, and why
@@ -250,7 +268,7 @@ def resolve_settings(config: pytest.Config) -> Settings:
     baseline = _ini_baseline(config)
     values = _absolute_paths(config, values, sources)
     notes: list[str] = []
-    compare_report, compare_thresholds = _load_compare(values, sources, notes)
+    compare_report, compare_history, compare_thresholds = _load_compare(values, sources, notes)
     ab_thresholds = _ab_thresholds(config, values, sources, notes)
     _check_report_paths(values, sources)
     if values["compile_cache"]:
@@ -260,7 +278,8 @@ def resolve_settings(config: pytest.Config) -> Settings:
             raise pytest.UsageError(str(exc)) from None
     _check_history_dir(values, sources)
     return Settings(**values, sources=sources, ini_budgets=ini_budgets, baseline=baseline,
-                    compare_report=compare_report, compare_thresholds=compare_thresholds,
+                    compare_report=compare_report, compare_history=compare_history,
+                    compare_thresholds=compare_thresholds,
                     ab_thresholds=ab_thresholds, notes=tuple(notes))
 
 
@@ -353,25 +372,65 @@ def _absolute_paths(config: pytest.Config, values: Mapping[str, Any], sources: M
     return absolute
 
 
+_COMPARE_FOLDER_REMEDY = "or the folder of recorded runs that --opt-history=DIR writes"
+
+
+def _compare_history(values: Mapping[str, Any], sources: Mapping[str, str]) -> str | None:
+    """The --opt-compare path as a history folder, or None when it names a report file. A folder that does not
+    exist yet is one when it is this run's --opt-history folder (the first run of a CI history: nothing to compare
+    yet); a folder that holds JSON files but no recorded run is a mistake said now (give one of them instead)."""
+    compare: str | None = values.get("compare")
+    history: str | None = values.get("history")
+    if not compare:
+        return None
+    if not os.path.isdir(compare):
+        first_run = not os.path.exists(compare) and history is not None and \
+            os.path.normpath(history) == os.path.normpath(compare)
+        return compare if first_run else None
+    from .report.history import run_names
+
+    if not run_names(compare):
+        try:
+            others = sorted(entry.name for entry in os.scandir(compare) if entry.name.endswith(".json"))
+        except OSError as exc:
+            raise pytest.UsageError(f"{sources['compare']}: cannot read the folder {compare!r}: "
+                                    f"{exc.strerror or exc}") from None
+        if others:
+            raise pytest.UsageError(
+                f"{sources['compare']}: the folder {compare!r} holds no run recorded by --opt-history (named like "
+                f"20261201T131500Z-1a2b3c4.json) but {len(others)} other JSON file{'s' if len(others) != 1 else ''} "
+                f"({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); give one report as "
+                f"--opt-compare=FILE, or the folder --opt-history=DIR writes")
+    return compare
+
+
 def _load_compare(values: dict[str, Any], sources: Mapping[str, str], notes: list[str]
-                  ) -> tuple[dict[str, Any] | None, list[Threshold]]:
-    """Parse --opt-compare-fail and read the --opt-compare report now: a bad one is a usage error. A gate
-    without a report to compare with is an error when typed on the command line; set project-wide (ini,
-    environment) it is a note, and this run has no gate."""
-    from .report.compare import load_compare_report, parse_compare_fail
+                  ) -> tuple[dict[str, Any] | None, str | None, list[Threshold]]:
+    """Parse --opt-compare-fail and read the --opt-compare report now: a bad one is a usage error (a history
+    folder is read at the end, where a bad file in it is left out and named). A gate without a report to
+    compare with is an error when typed on the command line; set project-wide (ini, environment) it is a note,
+    and this run has no gate. So is a window size typed on the command line without a history folder."""
+    from .report.compare import COMPARE_REMEDY, load_compare_report, parse_compare_fail
 
     thresholds: list[Threshold] = []
     compare = values.get("compare")
+    history = _compare_history(values, sources)
     try:
         if values.get("compare_fail"):
             thresholds = parse_compare_fail(values["compare_fail"], sources["compare_fail"])
-        report = load_compare_report(compare, sources["compare"]) if compare else None
+        report = None
+        if compare and history is None:
+            report = load_compare_report(compare, sources["compare"], f"{COMPARE_REMEDY}, {_COMPARE_FOLDER_REMEDY}")
     except OptConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     if thresholds and not compare:
         _gate_not_applied(values, sources, notes, "compare_fail", "--opt-compare=PATH", "the earlier report")
         thresholds = []
-    return report, thresholds
+    if history is None and sources["compare_window"] == "--opt-compare-window":
+        found = f"--opt-compare={compare}" if compare else "no --opt-compare"
+        raise pytest.UsageError(f"--opt-compare-window: needs --opt-compare=DIR, a folder of runs recorded by "
+                                f"--opt-history (found: {found})")
+    return report, history, thresholds
 
 
 def _gate_not_applied(values: dict[str, Any], sources: Mapping[str, str], notes: list[str], gate: str, needs: str,

@@ -20,8 +20,8 @@ from typing import Any
 
 from ..compat import package_version
 from ..verdict.ab import IDENTICAL_STACKS, ab_figures, stack_note, stack_versions, what_differs
-from .compare import (METRICS, NOT_SIGNIFICANT, REGRESSED_TAG, SAMPLE_RULE, Sides, Threshold, _compare_test,
-                      _limit_text)
+from .compare import (METRICS, NOT_SIGNIFICANT, REGRESSED_TAG, SAMPLE_RULE, Sides, Threshold, compare_test,
+                      limit_text)
 
 AB_SIDES = Sides(old="reference", new="candidate", record="side")
 AB_VERDICTS: tuple[str, ...] = ("regressed", "improved", "ok", "not judged")
@@ -29,7 +29,7 @@ JUDGED = ("regressed", "improved", "ok")
 NOT_JUDGED = "not judged"
 # How the reference's distributions compare with themselves: what the candidate's similarity is judged against.
 _SELF_SIMILARITY = {"kl_mean": 0.0, "kl_max": 0.0, "top1": 1.0, "token_match": 1.0}
-_NOISE_TAG = f", {NOT_SIGNIFICANT}: ok"  # compare._judge's ending of a worsening within noise
+_NOISE_TAG = f", {NOT_SIGNIFICANT}: ok"  # compare.judge_threshold's ending of a worsening within noise
 
 
 def ab_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -54,7 +54,7 @@ def judge_ab(row: Mapping[str, Any], ab: Mapping[str, Any], thresholds: Sequence
         return {"verdict": NOT_JUDGED, "details": [f"no measurement on the {' and '.join(missing)} side"]}
     reference = {"optimized": ab["optimized"], "similarity": dict(_SELF_SIMILARITY)}
     candidate = {"optimized": row["optimized"], "similarity": ab.get("similarity")}
-    return _compare_test(reference, candidate, list(thresholds), AB_SIDES)
+    return compare_test(reference, candidate, list(thresholds), AB_SIDES)
 
 
 def describe_thresholds(thresholds: Sequence[Threshold]) -> str | None:
@@ -146,7 +146,7 @@ def _regressed_texts(ab: Mapping[str, Any], thresholds: Sequence[Threshold]) -> 
         interval = interval_text(figure.get("interval_pct"))
         texts.append(f"{metric} {_percent(figure['change_pct'])}{' ' + interval if interval else ''} (reference "
                      f"{fmt(figure['reference'])}, candidate {fmt(figure['candidate'])}; limit "
-                     f"{_limit_text(threshold)}, {rule})")
+                     f"{limit_text(threshold)}, {rule})")
     return texts
 
 

@@ -15,6 +15,9 @@ a threshold on it is judged on them, the way ``min_speedup`` is judged within on
 when the medians worsened past the limit **and** a one-sided Mann-Whitney test finds the new rounds
 worse than the old ones moved by the limit, at ``verdict.stats.SIGNIFICANCE``. Otherwise (no samples,
 or too few rounds for any test to reach significance) the medians alone judge, and the detail says so.
+
+A folder of recorded runs (``--opt-compare=DIR``) is judged by ``report.window``, each test against a window of
+its runs, with the thresholds, figures and texts defined here.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import math
 import re
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..errors import OptConfigError
 from ..units import finite_number, format_bytes, format_duration, format_ratio, shown
@@ -79,6 +82,8 @@ INFORMATIONAL_METRICS: tuple[str, ...] = ("latency", "peak_memory", "throughput"
 """Metrics listed in the details even without a threshold (kept short on purpose)."""
 
 VERDICTS: tuple[str, ...] = ("regressed", "improved", "ok", "new", "not comparable")
+INCONCLUSIVE = "inconclusive"
+"""A window's verdict (``report.window``): the runs vary too much for the limit to be judged either way."""
 
 COMPARE_FAIL_FORMS = (
     "comma-separated METRIC:NUMBER% (relative worsening, e.g. latency:10%) or METRIC:NUMBER "
@@ -88,6 +93,8 @@ COMPARE_FAIL_FORMS = (
 
 REGRESSED_TAG = ": regressed"
 """Suffix of a detail that is a regression, so ``summarise`` can show only those."""
+INCONCLUSIVE_TAG = f": {INCONCLUSIVE}"
+"""Suffix of a detail that could not be judged for noise (a window's), so ``summarise`` can show only those."""
 
 SAMPLE_RULE = "mann-whitney"
 MEDIAN_RULE = "median"
@@ -167,17 +174,17 @@ def parse_compare_fail(text: str, where: str = "--opt-compare-fail") -> list[Thr
 COMPARE_REMEDY = "give a JSON report written by this plugin (pytest --opt-report-json=PATH)"
 
 
-def load_compare_report(path: str, source: str = "--opt-compare") -> dict[str, Any]:
+def load_compare_report(path: str, source: str = "--opt-compare", remedy: str = COMPARE_REMEDY) -> dict[str, Any]:
     """The earlier report, read by ``schema.load_report``; a problem names ``source`` (the option, or the
-    variable ``PYTEST_OPT_COMPARE`` when the path came from there) and ends with ``COMPARE_REMEDY``."""
-    return load_report(path, source=source, remedy=COMPARE_REMEDY)
+    variable ``PYTEST_OPT_COMPARE`` when the path came from there) and ends with ``remedy``."""
+    return load_report(path, source=source, remedy=remedy)
 
 
 # ---------------------------------------------------------------------------------------------
 # comparison
 
 
-def _figure(entry: dict[str, Any], metric: str) -> float | None:
+def figure_value(entry: dict[str, Any], metric: str) -> float | None:
     """The metric's value in a test entry; None when absent, null, non-numeric or not finite."""
     value: Any = entry
     for key in METRICS[metric].path:
@@ -187,7 +194,7 @@ def _figure(entry: dict[str, Any], metric: str) -> float | None:
     return finite_number(value)
 
 
-def _worsening(metric: str, old: float, new: float, relative: bool) -> float:
+def worsening(metric: str, old: float, new: float, relative: bool) -> float:
     """How much worse ``new`` is than ``old`` (negative: better); percent of ``|old|`` when relative."""
     delta = new - old
     if METRICS[metric].higher_is_better:
@@ -199,30 +206,35 @@ def _worsening(metric: str, old: float, new: float, relative: bool) -> float:
     return 100.0 * delta / abs(old)
 
 
-def _beyond(amount: float, limit: float) -> bool:
+def beyond_limit(amount: float, limit: float) -> bool:
     """``amount > limit``, with float rounding at the boundary counted as within."""
     return amount > limit and not math.isclose(amount, limit, rel_tol=_REL_TOL, abs_tol=1e-12)
 
 
-def _signed(metric: str, delta: float) -> str:
+def signed_text(metric: str, delta: float) -> str:
     """A signed difference in the metric's own format (``+1.5 ms``)."""
     sign = "-" if delta < 0 else "+"
     return sign + METRICS[metric].fmt(abs(delta))
 
 
-def _change(metric: str, old: float, new: float) -> str:
+def change_text(metric: str, old: float, new: float) -> str:
     """The change as a percentage of the old value, or as a difference when the old value is 0."""
     if old == 0:
-        return "no change" if new == 0 else f"{_signed(metric, new - old)} from 0"
+        return "no change" if new == 0 else f"{signed_text(metric, new - old)} from 0"
     return f"{100.0 * (new - old) / abs(old):+.1f}%"
 
 
-def _limit_text(threshold: Threshold) -> str:
+def limit_text(threshold: Threshold) -> str:
     """The limit in the direction that counts as worse: ``10%`` for lower-is-better, ``-10%`` otherwise."""
+    return size_text(threshold, threshold.limit, "g")
+
+
+def size_text(threshold: Threshold, amount: float, number_format: str = ".3g") -> str:
+    """A worsening of ``amount`` in the threshold's terms and direction: ``12.5%``, ``-12.5%``, ``+1.50 ms``."""
     down = METRICS[threshold.metric].higher_is_better
     if threshold.relative:
-        return f"{'-' if down else ''}{threshold.limit:g}%"
-    return f"{'-' if down else '+'}{METRICS[threshold.metric].fmt(threshold.limit)}"
+        return f"{'-' if down else ''}{amount:{number_format}}%"
+    return f"{'-' if down else '+'}{METRICS[threshold.metric].fmt(amount)}"
 
 
 def _identity_differences(old_report: dict[str, Any], new_report: dict[str, Any]) -> list[str]:
@@ -255,17 +267,22 @@ def _arguments_text(arguments: Any) -> str:
 _WORKLOAD_KEYS = ("num_prompts", "max_new_tokens", "batch_size", "input_tokens")
 
 
-def _test_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def measurement_missing(entry: dict[str, Any], side: str) -> str | None:
+    """``no measurement in the {side} run (skipped: ...)`` when the entry has no optimized figures, else None."""
+    if isinstance(entry.get("optimized"), dict):
+        return None
+    why = entry.get("outcome") or "no record"
+    if entry.get("skip_reason"):
+        why += f": {entry['skip_reason']}"
+    elif str(entry.get("error") or "").strip():
+        why += f": {str(entry['error']).strip().splitlines()[-1][:120]}"
+    return f"no measurement in the {side} run ({why})"
+
+
+def test_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Why this one test's figures are not comparable: no measurement, another model or workload."""
-    reasons = []
-    for side, entry in (("old", old), ("new", new)):
-        if not isinstance(entry.get("optimized"), dict):
-            why = entry.get("outcome") or "no record"
-            if entry.get("skip_reason"):
-                why += f": {entry['skip_reason']}"
-            elif str(entry.get("error") or "").strip():
-                why += f": {str(entry['error']).strip().splitlines()[-1][:120]}"
-            reasons.append(f"no measurement in the {side} run ({why})")
+    reasons = [reason for side, entry in (("old", old), ("new", new))
+               if (reason := measurement_missing(entry, side)) is not None]
     if reasons:
         return reasons
     old_model, new_model = old.get("model") or {}, new.get("model") or {}
@@ -387,14 +404,14 @@ def _rule(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, 
     return _Rule(SAMPLE_RULE, p_worse=worse, p_better=better, rounds=(len(before), len(after)))
 
 
-def _judge(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, Any], sides: Sides = REPORTS
+def judge_threshold(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, Any], sides: Sides = REPORTS
            ) -> tuple[str, str | None, dict[str, Any] | None]:
     """(``regressed`` | ``improved`` | ``ok``, detail, judged record or None) for one threshold on one test.
 
     The record (timed metrics only) is what the report's ``judged`` list keeps: both medians, the ratio,
     the rule, its p-value and the verdict."""
     metric, fmt = threshold.metric, METRICS[threshold.metric].fmt
-    old, new = _figure(old_entry, metric), _figure(new_entry, metric)
+    old, new = figure_value(old_entry, metric), figure_value(new_entry, metric)
     if old is not None and new is None:
         return "regressed", f"{metric} {fmt(old)} -> not measured: missing in the {sides.new} run{REGRESSED_TAG}", None
     if old is None and new is None:
@@ -403,16 +420,16 @@ def _judge(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str,
         assert new is not None
         return "ok", f"{metric} not measured in the {sides.old} run ({sides.new}: {fmt(new)})", None
     assert new is not None
-    amount = _worsening(metric, old, new, threshold.relative)
-    worse, better = _beyond(amount, threshold.limit), _beyond(-amount, threshold.limit)
+    amount = worsening(metric, old, new, threshold.relative)
+    worse, better = beyond_limit(amount, threshold.limit), beyond_limit(-amount, threshold.limit)
     rule = _rule(threshold, old_entry, new_entry, old, new, sides) if METRICS[metric].timed else None
     if rule is not None and rule.name == SAMPLE_RULE:  # the medians must move past the limit, and significantly
         significant_worse, significant_better = rule.p_worse < SIGNIFICANCE, rule.p_better < SIGNIFICANCE
     else:
         significant_worse = significant_better = True
     verdict = ("regressed" if worse and significant_worse else "improved" if better and significant_better else "ok")
-    change = _change(metric, old, new) if threshold.relative else _signed(metric, new - old)
-    detail = f"{metric} {fmt(old)} -> {fmt(new)} ({change}, limit {_limit_text(threshold)})"
+    change = change_text(metric, old, new) if threshold.relative else signed_text(metric, new - old)
+    detail = f"{metric} {fmt(old)} -> {fmt(new)} ({change}, limit {limit_text(threshold)})"
     record = None
     if rule is not None:
         ratio = new / old if old != 0 else None
@@ -443,13 +460,13 @@ def _judge(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str,
     return verdict, detail, record
 
 
-def _compare_test(old: dict[str, Any], new: dict[str, Any], thresholds: list[Threshold], sides: Sides = REPORTS
+def compare_test(old: dict[str, Any], new: dict[str, Any], thresholds: list[Threshold], sides: Sides = REPORTS
                   ) -> dict[str, Any]:
     details: list[str] = []
     judged: list[dict[str, Any]] = []
     regressed = improved = False
     for threshold in thresholds:
-        verdict, detail, record = _judge(threshold, old, new, sides)
+        verdict, detail, record = judge_threshold(threshold, old, new, sides)
         regressed |= verdict == "regressed"
         improved |= verdict == "improved"
         if detail:
@@ -460,10 +477,10 @@ def _compare_test(old: dict[str, Any], new: dict[str, Any], thresholds: list[Thr
     for metric in INFORMATIONAL_METRICS:
         if metric in gated:
             continue
-        before, after = _figure(old, metric), _figure(new, metric)
+        before, after = figure_value(old, metric), figure_value(new, metric)
         if before is not None and after is not None:
             fmt = METRICS[metric].fmt
-            details.append(f"{metric} {fmt(before)} -> {fmt(after)} ({_change(metric, before, after)})")
+            details.append(f"{metric} {fmt(before)} -> {fmt(after)} ({change_text(metric, before, after)})")
     if list(old.get("techniques") or []) != list(new.get("techniques") or []):
         details.append(f"techniques changed: {old.get('techniques')} -> {new.get('techniques')}")
     if list(old.get("baseline_techniques") or []) != list(new.get("baseline_techniques") or []):
@@ -475,7 +492,7 @@ def _compare_test(old: dict[str, Any], new: dict[str, Any], thresholds: list[Thr
     return result
 
 
-def _row_environment(report: dict[str, Any], test: dict[str, Any]) -> dict[str, Any]:
+def row_environment(report: Mapping[str, Any], test: dict[str, Any]) -> dict[str, Any]:
     """The environment a row was measured in: its shard's in a merged report, else the report's own."""
     shards, index = report.get("shards"), test.get("shard")
     if isinstance(shards, list) and isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(shards):
@@ -495,7 +512,7 @@ def row_hardware(test: dict[str, Any], environment: dict[str, Any]) -> str | Non
     return None
 
 
-def _hardware_differences(old: dict[str, Any], old_env: dict[str, Any], new: dict[str, Any],
+def hardware_differences(old: dict[str, Any], old_env: dict[str, Any], new: dict[str, Any],
                           new_env: dict[str, Any]) -> list[str]:
     """Why two rows were measured on different hardware: by fingerprint where both rows know theirs."""
     before, after = row_hardware(old, old_env), row_hardware(new, new_env)
@@ -517,7 +534,7 @@ def verdict_keys(report: dict[str, Any]) -> list[str | None]:
         if test is None:
             keys.append(None)
         elif counts[test["nodeid"]] > 1:
-            keys.append(f"{test['nodeid']} on {row_hardware(test, _row_environment(report, test))}")
+            keys.append(f"{test['nodeid']} on {row_hardware(test, row_environment(report, test))}")
         else:
             keys.append(test["nodeid"])
     return keys
@@ -554,23 +571,23 @@ def compare_reports(old: dict[str, Any], new: dict[str, Any], thresholds: list[T
         if not candidates:
             verdicts[key] = {"verdict": "new", "details": ["not in the old report"]}
             continue
-        new_env = _row_environment(new, test)
+        new_env = row_environment(new, test)
         hardware = row_hardware(test, new_env)
         before = candidates[0]
         if len(candidates) > 1:  # a merged old report: the row of this row's own hardware
-            same = [c for c in candidates if row_hardware(c, _row_environment(old, c)) == hardware]
+            same = [c for c in candidates if row_hardware(c, row_environment(old, c)) == hardware]
             if not same:
-                measured = ", ".join(shown(row_hardware(c, _row_environment(old, c))) for c in candidates)
+                measured = ", ".join(shown(row_hardware(c, row_environment(old, c))) for c in candidates)
                 verdicts[key] = {"verdict": "not comparable",
                                  "details": [f"measured on different hardware: {measured} -> {shown(hardware)}"]}
                 continue
             before = same[0]
-        reasons = (_hardware_differences(before, _row_environment(old, before), test, new_env)
-                   + _test_differences(before, test))
+        reasons = (hardware_differences(before, row_environment(old, before), test, new_env)
+                   + test_differences(before, test))
         if reasons:
             verdicts[key] = {"verdict": "not comparable", "details": reasons}
             continue
-        verdicts[key] = _compare_test(before, test, thresholds)
+        verdicts[key] = compare_test(before, test, thresholds)
     return verdicts
 
 
@@ -580,8 +597,9 @@ def _tests(count: int) -> str:
 
 _REASONS_SHOWN = 3  # of a gate that judged nothing: the line stays readable
 
-JUDGED_VERDICTS: tuple[str, ...] = ("regressed", "improved", "ok")
-"""Verdicts that compared figures; ``new`` and ``not comparable`` rows judged nothing."""
+JUDGED_VERDICTS: tuple[str, ...] = ("regressed", "improved", "ok", INCONCLUSIVE)
+"""Verdicts that compared figures (an inconclusive one did, and says how large a change it could have seen);
+``new`` and ``not comparable`` rows judged nothing."""
 
 
 def nothing_judged(verdicts: dict[str, dict[str, Any]]) -> str | None:
@@ -606,13 +624,20 @@ def nothing_judged(verdicts: dict[str, dict[str, Any]]) -> str | None:
     return f"no test could be judged ({'; '.join(shown_reasons)})"
 
 
-def summarise(verdicts: dict[str, dict[str, Any]], against: str, old: dict[str, Any] | None = None) -> list[str]:
+def _tagged(details: list[str], tag: str) -> list[str]:
+    """The details that end in ``tag`` (a verdict's own), without it."""
+    return [d[: -len(tag)] for d in details if d.endswith(tag)]
+
+
+def summarise(verdicts: dict[str, dict[str, Any]], against: str, old: dict[str, Any] | None = None,
+              order: tuple[str, ...] = VERDICTS) -> list[str]:
     """Terminal lines: what the reader ignored in the ``old`` report (written by another version); each
-    regressed test with what regressed; each timed figure whose medians moved past the limit towards worse
-    but not significantly (``within noise``); the tests the median rule judged, and why; the reasons tests
-    were not compared; the counts."""
+    regressed test with what regressed; each inconclusive test (a window's) with what could not be judged;
+    each timed figure whose medians moved past the limit towards worse but not significantly (``within
+    noise``); the tests the median rule judged, and why; the reasons tests were not compared; the counts,
+    of every verdict in ``order``."""
     lines: list[str] = [f"note: {note}" for note in read_notes(old)]
-    counts = {verdict: 0 for verdict in VERDICTS}
+    counts = {verdict: 0 for verdict in order}
     not_comparable: dict[str, int] = {}
     median_rule: dict[str, int] = {}
     noise_tag = f", {NOT_SIGNIFICANT}: ok"
@@ -624,6 +649,8 @@ def summarise(verdicts: dict[str, dict[str, Any]], against: str, old: dict[str, 
             shown = [d[: -len(REGRESSED_TAG)] if d.endswith(REGRESSED_TAG) else d
                      for d in details if REGRESSED_TAG in d] or details
             lines.append(f"REGRESSED {nodeid}: {'; '.join(shown)}")
+        elif verdict == INCONCLUSIVE:
+            lines.append(f"INCONCLUSIVE {nodeid}: {'; '.join(_tagged(details, INCONCLUSIVE_TAG) or details)}")
         elif verdict == "not comparable":
             for reason in details:
                 not_comparable[reason] = not_comparable.get(reason, 0) + 1
@@ -638,7 +665,7 @@ def summarise(verdicts: dict[str, dict[str, Any]], against: str, old: dict[str, 
         lines.append(f"median rule ({_tests(count)}): {why}")
     for reason, count in not_comparable.items():
         lines.append(f"not comparable ({_tests(count)}): {reason}")
-    counted = ", ".join(f"{counts[v]} {v}" for v in VERDICTS)
-    extra = ", ".join(f"{n} {v}" for v, n in counts.items() if v not in VERDICTS)
+    counted = ", ".join(f"{counts[v]} {v}" for v in order)
+    extra = ", ".join(f"{n} {v}" for v, n in counts.items() if v not in order)
     lines.append(f"compare: {counted}{', ' + extra if extra else ''} (against {against})")
     return lines

@@ -59,16 +59,14 @@ class RunName:
     commit: str | None = None
     dirty: bool = False
     future: bool = False  # dated after the folder was read (plus ``FUTURE_TOLERANCE``): the writer's clock was ahead
-    written: _dt.datetime | None = None  # the file's modification time, where recording order needs it
+    written: _dt.datetime | None = None  # the file's modification time (recording order within a second)
 
     @property
-    def order(self) -> tuple[_dt.datetime, int, str]:
-        """Recording order: the name's time, or for a future-dated name the time its file was written, to the
-        second as names are (a run named in the same second after it has a higher ``seq``)."""
-        if self.future:
-            written = self.written or _dt.datetime.min.replace(tzinfo=_dt.timezone.utc)
-            return written.replace(microsecond=0), self.seq, self.name
-        return self.moment, self.seq, self.name
+    def order(self) -> tuple[_dt.datetime, _dt.datetime, int, str]:
+        """Recording order: the name's time (to the second), or for a future-dated name the second its file was
+        written; within one second, when each file was written (names cannot tell), then ``seq``."""
+        written = self.written or (_dt.datetime.min.replace(tzinfo=_dt.timezone.utc) if self.future else self.moment)
+        return (written.replace(microsecond=0) if self.future else self.moment), written, self.seq, self.name
 
     def label(self) -> tuple[str, str]:
         """The two lines under a chart's point: ``2026-12-01 13:15:00`` and the commit (or ``no commit``)."""
@@ -110,8 +108,11 @@ def run_names(folder: str | os.PathLike[str]) -> list[RunName]:
         name = parse_name(entry.name) if not entry.is_dir(follow_symlinks=False) else None
         if name is None:
             continue
+        written = _written(entry.path)
         if name.moment > now + FUTURE_TOLERANCE:
-            name = dataclasses.replace(name, future=True, written=min(_written(entry.path) or now, now))
+            name = dataclasses.replace(name, future=True, written=min(written or now, now))
+        else:
+            name = dataclasses.replace(name, written=written)
         names.append(name)
     return sorted(names, key=lambda name: name.order)
 

@@ -613,7 +613,8 @@ def _results_table(report: Mapping[str, Any]) -> str:
                 cells.append(f'<td class="outcome-{_e(outcome)}">{_e(value)}</td>')
             elif key in ("failed_budgets", "regression"):
                 bad = value != view.MISSING if key == "failed_budgets" else value.startswith("regressed")
-                cells.append(f'<td class="{key}{" bad" if bad else ""}">{_e(value)}</td>')
+                warn = key == "regression" and value.startswith("inconclusive")
+                cells.append(f'<td class="{key}{" bad" if bad else " warn" if warn else ""}">{_e(value)}</td>')
             elif key == "token_match" and value.endswith(" (near-tie)"):
                 cells.append(f'<td class="num">{_e(value[: -len(" (near-tie)")])}'
                              '<span class="reason">near-tie</span></td>')
@@ -680,7 +681,7 @@ def render_html(report: dict[str, Any], *, history: History | None = None) -> st
             f'<span class="pill {key}{" zero" if not counts[key] else ""}">{counts[key]} {key}</span>'
             for key in view.shown_counts(counts)) + "</div>",
     ]
-    for note in (view.budgets_mode_note(report), view.shard_settings_note(report)):
+    for note in (view.budgets_mode_note(report), view.shard_settings_note(report), view.compare_note(report)):
         if note:
             out.append(f'<p class="note">{_e(note)}</p>')
     out.append("</header>")

@@ -1,8 +1,9 @@
 """The report as Markdown: the text of ``--opt-report-md`` and of ``$GITHUB_STEP_SUMMARY``.
 
-Layout, top to bottom: a one-line summary; for a merged report, its shards (each one's machine and
-settings, and a warning where they differ); the failed budgets (test, budget, measured, limit);
-the results table, one row per test, tests with failed budgets first; with ``--opt-ab``, the A/B
+Layout, top to bottom: a one-line summary; with ``--opt-compare``, what the run was compared with and the
+verdicts' counts (each test's verdict, reference, spread and detectable size in its Regression cell); for a
+merged report, its shards (each one's machine and settings, and a warning where they differ); the failed
+budgets (test, budget, measured, limit); the results table, one row per test, tests with failed budgets first; with ``--opt-ab``, the A/B
 against the reference environment (what differs between the stacks, then a line per test); when the
 tests ran on two or more kinds of hardware (a merged report of shards), the hardware matrix; estimated figures in a
 section of their own (never in a column of measured ones); compile times with the compile cache's
@@ -20,9 +21,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .view import (AB_INTRO, AB_NO_ROWS, AB_TITLE, MATRIX_INTRO, MISSING, SHARD_COLUMNS, ab_header_lines, ab_lines, advice_lines,
-                   budgets_mode_note, columns, compile_rows, context_text, environment_rows, environment_title,
-                   estimate_rows, failed_budget_rows, hardware_matrices, has_ab, one_line, problem_rows, shard_rows,
-                   shard_settings_note, skipped_groups, spans_hardware, summary_text, table_rows)
+                   budgets_mode_note, columns, compare_note, compile_rows, context_text, environment_rows,
+                   environment_title, estimate_rows, failed_budget_rows, hardware_matrices, has_ab, one_line,
+                   problem_rows, shard_rows, shard_settings_note, skipped_groups, spans_hardware, summary_text,
+                   table_rows)
 
 
 # --------------------------------------------------------------------------- markdown
@@ -66,7 +68,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     """The report as GitHub-flavoured Markdown (a step summary or an issue's text)."""
     out: list[str] = ["## Optimization report", ""]
     out.append(f"**{summary_text(report)}**" + (f" · {md_text(context_text(report))}" if context_text(report) else ""))
-    for note in (budgets_mode_note(report), shard_settings_note(report)):
+    for note in (budgets_mode_note(report), shard_settings_note(report), compare_note(report)):
         if note:
             out += ["", f"> {md_text(note)}"]
     by_hardware = spans_hardware(report)  # a merged report: each per-test table says which hardware

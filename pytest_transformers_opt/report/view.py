@@ -756,6 +756,27 @@ def budgets_mode_note(report: Mapping[str, Any]) -> str | None:
     return None
 
 
+def compare_note(report: Mapping[str, Any]) -> str | None:
+    """What --opt-compare compared this run with and how many tests got each verdict (the report's ``compare``);
+    each test's own verdict, reference, spread and detectable size are in its Regression cell. None without it."""
+    compare = report.get("compare")
+    if not isinstance(compare, dict) or not isinstance(compare.get("counts"), dict):
+        return None
+    counts = ", ".join(f"{count} {verdict}" for verdict, count in compare["counts"].items()
+                       if isinstance(count, int) and (count or verdict in ("regressed", "ok")))
+    against = one_line(str(compare.get("against") or MISSING))
+    if compare.get("reference") == "window":
+        reference = f"each test's window of up to {compare.get('window')} runs recorded by {against}"
+    else:
+        reference = f"the report {against}"
+    gate = f" (gate {one_line(str(compare['gate']))})" if compare.get("gate") else ""
+    text = f"Compared with {reference}{gate}: {counts}."
+    if compare["counts"].get("inconclusive"):
+        text += (" Inconclusive: the window's runs vary too much for the limit; each such test says the smallest "
+                 "change its window could have flagged (its detectable size).")
+    return text
+
+
 def advice_lines(report: Mapping[str, Any]) -> list[str]:
     advice = report.get("advice")
     if not isinstance(advice, dict):

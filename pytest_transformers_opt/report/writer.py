@@ -264,6 +264,8 @@ class SessionEnd:
     problems: list[str] = field(default_factory=list)  # one line each: a writer, the hook, the comparison
     fails_run: list[str] = field(default_factory=list)  # the subset that changes the exit status
     compare_lines: list[str] = field(default_factory=list)
+    compare_said: bool = False  # print compare_lines in every verbosity mode (inconclusive tests, a first run)
+    compare_report_lines: int = 0  # the first of compare_lines (after the blank one) printed under --opt-report only
     regression_line: str | None = None
     ab_lines: list[str] = field(default_factory=list)  # --opt-ab-fail: each regressed test, the counts
     ab_line: str | None = None  # why --opt-ab-fail fails the run
@@ -364,29 +366,46 @@ class ReportWriter:
             return {"summary": [f"no advice: {type(exc).__name__}: {exc}"]}
 
     def _compare(self, report: dict[str, Any]) -> None:
-        """--opt-compare: a regression verdict per test, kept on the report and summarised for the terminal."""
-        if self.settings.compare_report is None or self.settings.compare is None:
+        """--opt-compare: a regression verdict per test, kept on the report and summarised for the terminal; against
+        one earlier report, or against each test's window of runs recorded in a history folder."""
+        settings = self.settings
+        if settings.compare is None or (settings.compare_report is None and settings.compare_history is None):
             return
         from .compare import attach_verdicts, compare_reports, nothing_judged, summarise
 
-        against = f"{self.settings.sources.get('compare', '--opt-compare')}={self.settings.compare}"
+        against = f"{settings.sources.get('compare', '--opt-compare')}={settings.compare}"
+        first_run = said = False
+        report_lines: list[str] = []
         try:
-            verdicts = compare_reports(self.settings.compare_report, report, self.settings.compare_thresholds)
-            lines = summarise(verdicts, self.settings.compare, self.settings.compare_report)
+            if settings.compare_history is not None:
+                from .window import compare_with_window
+
+                window = compare_with_window(settings.compare_history, report, settings.compare_thresholds,
+                                             settings.compare_window)
+                verdicts, lines, first_run, said = window.verdicts, window.lines, window.empty, window.said
+                report_lines = window.report_lines
+            else:
+                assert settings.compare_report is not None
+                verdicts = compare_reports(settings.compare_report, report, settings.compare_thresholds)
+                lines = summarise(verdicts, settings.compare, settings.compare_report)
         except Exception as exc:  # a gate that cannot judge must not pass silently
             self._problem(f"{against}: could not compare the reports: {describe_error(exc)}",
-                          fails_run=bool(self.settings.compare_thresholds))
+                          fails_run=bool(settings.compare_thresholds))
             return
         attach_verdicts(report, verdicts)
-        self.end.compare_lines = ["", *lines]
+        report["compare"] = _compare_record(against, settings, verdicts)
+        self.end.compare_lines = ["", *report_lines, *lines]
+        self.end.compare_report_lines = len(report_lines)
         regressed = sum(v.get("verdict") == "regressed" for v in verdicts.values())
-        gate = f"{self.settings.sources.get('compare_fail', '--opt-compare-fail')}={self.settings.compare_fail}"
-        unjudged = nothing_judged(verdicts) if self.settings.compare_thresholds else None
-        if regressed and self.settings.compare_thresholds:
+        gate = f"{settings.sources.get('compare_fail', '--opt-compare-fail')}={settings.compare_fail}"
+        # the first run of a history has nothing to be judged against: said, and not a failure
+        unjudged = nothing_judged(verdicts) if settings.compare_thresholds and not first_run else None
+        if regressed and settings.compare_thresholds:
             self.end.regression_line = (f"{PREFIX}{regressed} test{'s' if regressed != 1 else ''} regressed past "
                                         f"{gate} against {against}: the run fails")
         elif unjudged is not None:  # a gate that judged nothing does not pass
             self.end.regression_line = f"{PREFIX}{gate} against {against}: {unjudged}: the run fails"
+        self.end.compare_said = said
 
     def _ab(self, report: dict[str, Any]) -> None:
         """--opt-ab: each row's A/B record completed and the report's top-level ``ab``; with --opt-ab-fail, the
@@ -473,8 +492,8 @@ class ReportWriter:
                 for line in lines:
                     reporter.write_line(line)
             else:
-                if end.regression_line:  # the details the exit status rests on
-                    for line in end.compare_lines[1:]:
+                if end.regression_line or end.compare_said:  # the details the exit status rests on
+                    for line in end.compare_lines[1 + end.compare_report_lines:]:
                         reporter.write_line(line)
                 for line in end.ab_lines[1:]:  # --opt-ab-fail's verdicts: said in every verbosity mode
                     reporter.write_line(line)
@@ -567,6 +586,20 @@ class ReportWriter:
                           f"out of the trends: {'; '.join(history.left_out[:3])}"
                           + (f"; and {len(history.left_out) - 3} more" if len(history.left_out) > 3 else ""))
         return history
+
+
+def _compare_record(against: str, settings: Any, verdicts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The report's top-level ``compare``: what this run was compared with, and how many tests got each verdict."""
+    from .window import WINDOW_VERDICTS
+
+    counts = {verdict: 0 for verdict in WINDOW_VERDICTS}
+    for result in verdicts.values():
+        verdict = str(result.get("verdict"))
+        counts[verdict] = counts.get(verdict, 0) + 1
+    window = settings.compare_history is not None
+    return {"against": against, "reference": "window" if window else "report",
+            "window": settings.compare_window if window else None,
+            "gate": settings.compare_fail if settings.compare_thresholds else None, "counts": counts}
 
 
 def _ab_thresholds(settings: Any) -> list[Any]:

@@ -93,3 +93,119 @@ def median_ratio_interval(numerator: Sequence[float], denominator: Sequence[floa
     low, high = (float(q) for q in np.quantile(ratios, [tail, 1.0 - tail]))
     point = statistics.median(numerator) / statistics.median(denominator)
     return min(low, point), max(high, point)
+
+
+# ---------------------------------------------------------------------------------------------
+# a new run against a window of earlier runs (``report.window``)
+
+MIN_WINDOW_RUNS = 5
+"""Fewer runs give a spread too uncertain to judge by: with 3, a one-sided 5% bar lies 12 spreads out (the MAD of
+3 values carries under one degree of freedom), so nearly every test would be inconclusive."""
+MAD_SCALE = 1.4826  # 1 / Phi^-1(3/4): the MAD of normal values times this is their standard deviation
+MEAN_DEVIATION_SCALE = math.sqrt(math.pi / 2)  # the same for the mean absolute deviation
+MAD_EFFICIENCY = 0.37
+"""The MAD's efficiency as a scale against the standard deviation (normal values): a spread from ``n`` runs is
+about as good as a standard deviation from ``0.37 (n - 1)`` degrees of freedom. Simulated (400 000 normal windows
+of 3 to 30 runs), the new-run statistic below follows the t distribution of those degrees of freedom down to
+one-sided tails of 3e-4 (a 150-test family): the plain ``n - 1`` would make a 10-run window's tail 2x too
+light there, i.e. false alarms."""
+
+
+def robust_spread(values: Sequence[float]) -> tuple[float, float]:
+    """(median, spread) of ``values``: the spread is ``MAD_SCALE`` times the median absolute deviation, robust to
+    a slow run or two; where over half the values are equal (MAD 0) it is the mean absolute deviation, scaled
+    alike, so that a few differing values still count; 0 only when every value is the same."""
+    center = statistics.median(values)
+    deviations = [abs(value - center) for value in values]
+    mad = statistics.median(deviations)
+    if mad > 0:
+        return center, MAD_SCALE * mad
+    return center, MEAN_DEVIATION_SCALE * statistics.fmean(deviations)
+
+
+def new_run_scale(spread: float, runs: int) -> float:
+    """The standard error of one new run's value against the median of ``runs`` earlier ones of this spread:
+    its own spread, and the median's (pi / 2 / runs of the variance for normal values)."""
+    return spread * math.sqrt(1.0 + math.pi / (2.0 * runs))
+
+
+def new_run_degrees_of_freedom(runs: int) -> float:
+    """The degrees of freedom a MAD spread of ``runs`` values carries (see ``MAD_EFFICIENCY``)."""
+    return MAD_EFFICIENCY * (runs - 1)
+
+
+def _beta_fraction(x: float, a: float, b: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 1000):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            result *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return result
+
+
+def _incomplete_beta(x: float, a: float, b: float) -> float:
+    """The regularized incomplete beta function I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _beta_fraction(x, a, b) / a
+    return 1.0 - front * _beta_fraction(1.0 - x, b, a) / b
+
+
+def student_t_sf(t: float, df: float) -> float:
+    """P(T > t) for Student's t with ``df`` > 0 degrees of freedom (not necessarily whole): one-sided p-value."""
+    if math.isnan(t):
+        return 1.0
+    if math.isinf(t):
+        return 0.0 if t > 0 else 1.0
+    tail = 0.5 * _incomplete_beta(df / (df + t * t), df / 2.0, 0.5)
+    return tail if t >= 0 else 1.0 - tail
+
+
+def student_t_isf(p: float, df: float) -> float:
+    """The t with ``student_t_sf(t, df) == p`` (0 < p < 1): the one-sided critical value at error rate ``p``."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"a tail probability is between 0 and 1, exclusive; got {p!r}")
+    if p > 0.5:
+        return -student_t_isf(1.0 - p, df)
+    low, high = 0.0, 1.0
+    while student_t_sf(high, df) > p:
+        low, high = high, high * 2.0
+        if high > 1e300:
+            return math.inf
+    for _ in range(200):  # bisection: the tail falls monotonically
+        middle = (low + high) / 2.0
+        if student_t_sf(middle, df) > p:
+            low = middle
+        else:
+            high = middle
+        if high - low <= 1e-12 * high:
+            break
+    return (low + high) / 2.0
+
+
+def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
+    """Benjamini-Hochberg adjusted p-values, in the order given: ``p_(i) * m / i`` made monotone from the
+    largest down and capped at 1. A test is significant where its adjusted p-value is below the error rate."""
+    count = len(p_values)
+    order = sorted(range(count), key=lambda index: p_values[index])
+    adjusted = [1.0] * count
+    running = 1.0
+    for rank in range(count, 0, -1):
+        index = order[rank - 1]
+        running = min(running, p_values[index] * count / rank)
+        adjusted[index] = running
+    return adjusted

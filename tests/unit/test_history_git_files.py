@@ -63,7 +63,23 @@ def test_a_future_dated_run_written_within_the_second_of_an_earlier_run_is_order
     first, later, future = f"{stamp}.json", f"{stamp}_2.json", "20990105T100000Z.json"
     for name in (first, later, future):
         (tmp_path / name).write_text("{}")
-    written = (now + dt.timedelta(microseconds=800_000)).timestamp()
-    os.utime(tmp_path / future, (written, written))
+    for name, after_us in ((first, 200_000), (future, 800_000), (later, 900_000)):  # as each was written
+        written = (now + dt.timedelta(microseconds=after_us)).timestamp()
+        os.utime(tmp_path / name, (written, written))
     assert [name.name for name in history.run_names(tmp_path)] == [first, future, later]
     assert [name.future for name in history.run_names(tmp_path)] == [False, True, False]
+
+
+def test_within_one_second_a_future_dated_file_written_first_comes_first(tmp_path: Path) -> None:
+    """A future-dated file written at 12:00:00.3, then a run named ``...120000Z.json`` written at 12:00:00.6: the
+    name's second ties with the future file's, and the write times decide (the name alone put it first)."""
+    import datetime as dt
+    import os
+
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(seconds=30)
+    named, future = f"{now.strftime('%Y%m%dT%H%M%SZ')}.json", "20990105T100000Z.json"
+    for name, after_us in ((future, 300_000), (named, 600_000)):
+        (tmp_path / name).write_text("{}")
+        written = (now + dt.timedelta(microseconds=after_us)).timestamp()
+        os.utime(tmp_path / name, (written, written))
+    assert [name.name for name in history.run_names(tmp_path)] == [future, named]
