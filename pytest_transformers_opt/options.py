@@ -147,6 +147,10 @@ OPTIONS: tuple[OptionDef, ...] = (
               f"with --opt-compare=DIR (a folder written by --opt-history): judge each test against its last N "
               f"recorded runs on the same hardware and stack, with their run-to-run spread ({MIN_WINDOW_RUNS} to "
               f"{MAX_COMPARE_WINDOW})", "N"),
+    OptionDef("--opt-compare-confirm", "opt_compare_confirm", "opt_compare_confirm", _bool, True,
+              "with --opt-compare=DIR and --opt-compare-fail: measure a test that regressed once more, after the "
+              "other tests, and fail it only when that regresses too (1, the default; 0: the first measurement "
+              "decides)", "0|1"),
     OptionDef("--opt-compare-fail", "opt_compare_fail", "opt_compare_fail", _text, None,
               "regressions that fail the run: latency:10%,peak_memory:5%,kl_mean:0.01", "EXPR[,EXPR]"),
     OptionDef("--opt-gpus-per-worker", "opt_gpus_per_worker", "opt_gpus_per_worker", parse_gpus_per_worker, None,
@@ -235,6 +239,7 @@ class Settings:
     update_baselines: bool
     compare: str | None
     compare_window: int
+    compare_confirm: bool  # --opt-compare-confirm: a window regression is measured again before it fails the run
     compare_fail: str | None
     gpus_per_worker: int | None
     cpu_threads: int | None  # None: auto (each pytest-xdist worker's share of the cores)
@@ -286,7 +291,7 @@ def resolve_settings(config: pytest.Config) -> Settings:
 def _resolve(config: pytest.Config, option: OptionDef) -> tuple[Any, str]:
     """(value, source) of one option: command line, then environment, then ini, then the default."""
     cli = config.getoption(option.dest)
-    if cli is not None and cli is not False:
+    if cli is not None and not (cli is False and option.is_flag):  # an unset flag is False; --opt-x=0 is a value
         return cli, option.flag
     raw, source = (os.environ.get(option.env), option.env) if option.env else (None, "")
     if raw is not None and not raw.strip():

@@ -53,6 +53,9 @@ class TestRecord:
     compile_cache: str | None = None  # warm / cold / partial from torch's cache lookups during the test; None: no compile
     hardware: str | None = None  # HardwareInfo.fingerprint of the process that ran it; None: never probed
     attempts: int = 1  # pytest-rerunfailures: the attempt this record holds (each rerun replaces the one before)
+    # --opt-compare-confirm: the same test measured once more after the others, when its first measurement
+    # regressed against the window of recorded runs (None: not measured again)
+    confirmation: "TestRecord | None" = None
 
 
 def crash_message(report: Any) -> str:
@@ -208,6 +211,41 @@ class OptSession:
                 import_stack()
             except Exception:  # a broken install: the first test that needs it fails, saying why
                 pass
+
+    # -- confirming a regression ---------------------------------------------------------------------
+    def confirm_regressions(self, session: pytest.Session) -> None:
+        """--opt-compare-confirm (with a window of recorded runs and --opt-compare-fail): each test whose
+        measurement regressed against the window runs once more, with fresh rounds, after every other test
+        of this process; the gate fails it only when the second measurement regresses too (a dashboard's
+        "two consecutive violations"). Nothing is measured again after -x, Ctrl-C or --collect-only."""
+        from .report.confirm import confirmation_wanted
+        from .report.window import regressed_entries
+
+        if not confirmation_wanted(self.settings) or self._hardware is None or session.shouldstop \
+                or session.shouldfail or session.config.option.collectonly:
+            return  # (no hardware probed: no test measured anything)
+        from .report.writer import entries_of
+
+        environment = self._hardware.as_environment()
+        # each test judged alone (a family of one): a superset of what the session end, adjusting over every
+        # test of the run (all xdist workers'), calls regressed
+        suspects = [item for item in session.items if item.nodeid in self.records
+                    and regressed_entries(self.settings, environment, entries_of(self.records[item.nodeid]))]
+        if not suspects:
+            return
+        from _pytest.runner import runtestprotocol
+
+        from .engine.progress import long_work
+
+        what = f"confirming {len(suspects)} regressed test{'s' if len(suspects) != 1 else ''} with fresh rounds"
+        with long_work(what, detail="--opt-compare-confirm: a regression fails the gate only when measured twice"):
+            for item in suspects:
+                first = self.records.pop(item.nodeid)
+                try:  # its models stay cached after this (its last use was counted): freed at the session's end
+                    runtestprotocol(item, nextitem=None, log=False)
+                finally:
+                    first.confirmation = self.records.pop(item.nodeid, None)
+                    self.records[item.nodeid] = first
 
     # -- model lifetimes --------------------------------------------------------------------------
     def count_model_uses(self, items: list[pytest.Item]) -> None:
@@ -450,10 +488,14 @@ class OptPlugin:
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         self.session.count_model_uses(items)
 
-    @pytest.hookimpl(tryfirst=True)  # after collection, before the first test (and its timer) starts
-    def pytest_runtestloop(self, session: pytest.Session) -> None:
+    @pytest.hookimpl(wrapper=True)  # after collection, before the first test (and its timer) starts
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, Any, Any]:
         if not (session.testsfailed and not session.config.option.continue_on_collection_errors):
             self.session.warm_up(session)
+        result = yield
+        # after every test of this process (an xdist worker's: after its last), before the reports
+        self.session.confirm_regressions(session)
+        return result
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item) -> Generator[None, Any, Any]:

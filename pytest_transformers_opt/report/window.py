@@ -457,9 +457,11 @@ def _newest_run_only(selection: Selection) -> bool:
     return len(selection.rows) < MIN_WINDOW_RUNS
 
 
-def compare_with_window(folder: str, report: dict[str, Any], thresholds: Sequence[Threshold], size: int
-                        ) -> WindowComparison:
-    """Every test of ``report`` (this run) against its window in the history ``folder``."""
+def compare_with_window(folder: str, report: dict[str, Any], thresholds: Sequence[Threshold], size: int,
+                        confirm: bool = False) -> WindowComparison:
+    """Every test of ``report`` (this run) against its window in the history ``folder``; with ``confirm``, a
+    regressed row that was measured again (``confirmation``, --opt-compare-confirm) regresses only when its
+    second measurement does too."""
     keys = verdict_keys(report)
     verdicts: dict[str, dict[str, Any]] = {}
     if not run_names(folder):
@@ -492,6 +494,12 @@ def compare_with_window(folder: str, report: dict[str, Any], thresholds: Sequenc
     adjust([part for p in pending for part in p.parts if isinstance(part, WindowFigure)])
     for item in pending:
         verdicts[item.key] = _finish(item, thresholds, folder)
+    confirmation_lines: list[str] = []
+    if confirm:
+        from .confirm import confirm_verdicts
+
+        confirmation_lines = confirm_verdicts(
+            report, verdicts, lambda again: compare_with_window(folder, again, thresholds, size).verdicts)
     moments = [run.name.moment for run in history.runs if run.name is not None]
     lines = [f"reference: each test's last {_runs(size)} recorded in {folder} on its hardware and stack ("
              f"{_runs(len(history.runs))} read" + (f", {period_text(min(moments), max(moments))}" if moments else "")
@@ -504,8 +512,10 @@ def compare_with_window(folder: str, report: dict[str, Any], thresholds: Sequenc
     if newest_only:
         lines.append(f"against the newest run only ({_tests(newest_only)}): the window has fewer than "
                      f"{MIN_WINDOW_RUNS} runs of the test on this hardware and stack")
+    lines += confirmation_lines
     lines += summarise(verdicts, f"the window of up to {_runs(size)} in {folder}", None, WINDOW_VERDICTS)
-    said = stack_changed or any(result.get("verdict") == INCONCLUSIVE for result in verdicts.values())
+    said = stack_changed or bool(confirmation_lines) \
+        or any(result.get("verdict") == INCONCLUSIVE for result in verdicts.values())
     return WindowComparison(verdicts, lines, len(history.runs), list(history.left_out), False, said,
                             judged_lines(verdicts))
 

@@ -120,10 +120,17 @@ def entries_of(record: "TestRecord") -> list[dict[str, Any]]:
         base["baseline_techniques"] = plan.baseline.labels
     if record.attempts > 1:  # pytest-rerunfailures: the row is the last attempt's
         base["attempts"] = record.attempts
-    if len(record.results) <= 1:
-        return [_clean({**base, **(_result_dict(record, record.results[0]) if record.results else {})})]
-    return [_clean({**base, **_result_dict(record, result), "nodeid": call_nodeid(record.nodeid, call), "call": call})
-            for call, result in enumerate(record.results, start=1)]
+    rows = [{**base, **(_result_dict(record, record.results[0]) if record.results else {})}] \
+        if len(record.results) <= 1 else \
+        [{**base, **_result_dict(record, result), "nodeid": call_nodeid(record.nodeid, call), "call": call}
+         for call, result in enumerate(record.results, start=1)]
+    if record.confirmation is not None:  # --opt-compare-confirm measured the test again: each call's second row
+        from .confirm import confirmation_of
+
+        again = entries_of(record.confirmation)
+        for call, row in enumerate(rows):
+            row["confirmation"] = confirmation_of(again[call] if call < len(again) else again[-1])
+    return [_clean(row) for row in rows]
 
 
 def _result_dict(record: "TestRecord", result: Any) -> dict[str, Any]:
@@ -381,7 +388,7 @@ class ReportWriter:
                 from .window import compare_with_window
 
                 window = compare_with_window(settings.compare_history, report, settings.compare_thresholds,
-                                             settings.compare_window)
+                                             settings.compare_window, confirm=bool(settings.compare_thresholds))
                 verdicts, lines, first_run, said = window.verdicts, window.lines, window.empty, window.said
                 report_lines = window.report_lines
             else:

@@ -195,3 +195,82 @@ def test_bad_window_settings_are_usage_errors(pytester: pytest.Pytester) -> None
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*holds no run recorded by --opt-history (named like 20261201T131500Z-1a2b3c4.json) "
                                  "but 1 other JSON file (report.json); give one report as --opt-compare=FILE*"])
+
+
+# -- --opt-compare-confirm: a regression fails the gate only when measured twice ------------------------------
+
+SLOW_RUNS_VARIABLE = "WINDOW_TEST_SLOW_RUNS"
+# the test sleeps twice as long in the runs of it this session that SLOW_RUNS names ("1": its first run only)
+ONE_OFF = sleepy_conftest(f'''import os
+
+import pytest
+
+RUNS = []
+
+
+@pytest.fixture(autouse=True)
+def _count_runs():
+    RUNS.append(1)
+    yield
+
+
+def current_pause():
+    slow = os.environ.get({SLOW_RUNS_VARIABLE!r}, "").split(",")
+    return float(os.environ.get({PAUSE_VARIABLE!r}, "0.05")) * (2 if str(len(RUNS)) in slow else 1)
+''', "current_pause()")
+
+
+def test_a_one_off_slow_measurement_is_measured_again_and_passes_a_real_slowdown_fails(
+        run_user: Any, pytester: pytest.Pytester, first_run: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = pytester.path / "history"
+    _craft(folder, first_run["recorded"], QUIET)
+    # slow the first time only: the second measurement, after the other tests, clears it
+    monkeypatch.setenv(SLOW_RUNS_VARIABLE, "1")
+    run = run_user(TEST, "-q", f"--opt-compare={folder}", GATE, conftest=ONE_OFF)
+    assert run.result.ret == pytest.ExitCode.OK, run.result.stdout.str()
+    assert run.result.parseoutcomes() == {"passed": 1}  # pytest counts the test once
+    run.result.stdout.fnmatch_lines([
+        "transformers-opt: confirming 1 regressed test with fresh rounds (--opt-compare-confirm: *) ...",
+        "transformers-opt: confirming 1 regressed test with fresh rounds: done in *",
+        "NOT CONFIRMED test_user.py::test_sleepy: regressed at first, ok when measured again after the other tests "
+        "(a one-off: the gate passes it): latency * vs the window's median * (*%, limit 10%)*: ok",
+        "compare: 0 regressed, 0 inconclusive, 0 improved, 1 ok, 0 new, 0 not comparable*"])
+    (row,) = run.report["tests"]
+    regression = row["regression"]
+    assert (regression["verdict"], regression["confirmed"], regression["first_verdict"]) == ("ok", False, "regressed")
+    assert regression["details"][0].startswith("regressed at first, not confirmed")
+    assert regression["judged"][0]["verdict"] == "regressed"  # the first measurement's figures, as judged
+    # the row keeps both measurements: the first slept twice as long in every forward
+    first, second = row["optimized"]["latency_s"], row["confirmation"]["optimized"]["latency_s"]
+    assert row["confirmation"]["outcome"] == "passed" and first > 1.5 * second
+
+    # slow both times: confirmed, the run fails
+    monkeypatch.setenv(SLOW_RUNS_VARIABLE, "1,2")
+    run = run_user(TEST, "-q", f"--opt-compare={folder}", GATE, conftest=ONE_OFF)
+    assert run.result.ret == pytest.ExitCode.TESTS_FAILED
+    run.result.stdout.fnmatch_lines([
+        "CONFIRMED test_user.py::test_sleepy: measured again after the other tests, it regressed again: latency *",
+        "REGRESSED test_user.py::test_sleepy: latency *",
+        f"*1 test regressed past {GATE} against --opt-compare={folder}: the run fails"])
+    regression = run.test("test_sleepy")["regression"]
+    assert regression["verdict"] == "regressed" and regression["confirmed"] is True
+
+    # --opt-compare-confirm=0: the first measurement decides
+    monkeypatch.setenv(SLOW_RUNS_VARIABLE, "1")
+    run = run_user(TEST, "-q", f"--opt-compare={folder}", GATE, "--opt-compare-confirm=0", conftest=ONE_OFF)
+    assert run.result.ret == pytest.ExitCode.TESTS_FAILED
+    assert "confirming" not in run.result.stdout.str()
+    assert "confirmation" not in run.test("test_sleepy") and "confirmed" not in run.test("test_sleepy")["regression"]
+
+
+def test_confirmation_is_skipped_after_x_and_under_collect_only(
+        run_user: Any, pytester: pytest.Pytester, first_run: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = pytester.path / "history"
+    _craft(folder, first_run["recorded"], QUIET)
+    monkeypatch.setenv(SLOW_RUNS_VARIABLE, "1")
+    failing = TEST + "\n\ndef test_fails():\n    assert False\n"
+    run = run_user(failing, "-q", "-x", "-p", "no:randomly", f"--opt-compare={folder}", GATE, conftest=ONE_OFF)
+    assert "confirming" not in run.result.stdout.str()  # -x stopped the session: nothing more is measured
+    assert run.test("test_sleepy")["regression"]["verdict"] == "regressed"
+    collected = pytester.runpytest("--collect-only", "-q", f"--opt-compare={folder}", GATE)
+    assert collected.ret == pytest.ExitCode.OK and "confirming" not in collected.stdout.str()
