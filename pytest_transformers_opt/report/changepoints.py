@@ -275,14 +275,29 @@ class SeriesAnalysis:
     note: str | None = None
 
 
+def step_size(before: Sequence[float], after: Sequence[float]) -> tuple[float | None, tuple[float, float] | None]:
+    """(after / before - 1 of the two segments' medians, its 95% bootstrap interval); None where the median
+    before is not positive, no interval with under 5 values a side."""
+    before_median = statistics.median(before)
+    if not before_median > 0:
+        return None, None
+    ratio = median_ratio_interval(after, before, paired=False)
+    return statistics.median(after) / before_median - 1, (ratio[0] - 1, ratio[1] - 1) if ratio is not None else None
+
+
+def steps(values: Sequence[float]) -> list[tuple[Split, float | None, tuple[float, float] | None]]:
+    """Each change point of ``values`` (oldest first) with its size and interval (``step_size`` of the segments
+    on either side): what a chart marks. Raises ``OptConfigError`` when ruptures is missing."""
+    splits = detect(values)
+    bounds = [0, *(split.index for split in splits), len(values)]
+    return [(split, *step_size(values[bounds[n]:split.index], values[split.index:bounds[n + 2]]))
+            for n, split in enumerate(splits)]
+
+
 def _change_point(series: Series, split: Split, start: int, stop: int) -> ChangePoint:
     before, after = series.values[start:split.index], series.values[split.index:stop]
     before_median, after_median = statistics.median(before), statistics.median(after)
-    change = interval = None
-    if before_median > 0:
-        change = after_median / before_median - 1
-        ratio = median_ratio_interval(after, before, paired=False)
-        interval = (ratio[0] - 1, ratio[1] - 1) if ratio is not None else None
+    change, interval = step_size(before, after)
     moved = after_median - before_median
     worse = None if moved == 0 else (moved > 0) == HIGHER_IS_WORSE[series.metric]
     return ChangePoint(split.index, series.runs[split.index], series.runs[split.index - 1], before_median,

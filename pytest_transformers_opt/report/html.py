@@ -488,6 +488,7 @@ def _trend_panel(kind: str, title: str, top: float, trend: Trend, history: Histo
                      f"{_e(scale.fmt(tick))}</text>")
     line = " ".join(f"{x_of(p.run):.1f},{y_of(v):.1f}" for p, v in points)
     parts.append(f'<polyline points="{line}" class="trend-line {kind}"/>')
+    parts += _change_marks(kind, [(p.run, v) for p, v in points], history, x_of, top, bottom)
     for point, value in points:
         run = history.runs[point.run]
         x, y = x_of(point.run), y_of(value)
@@ -501,8 +502,40 @@ def _trend_panel(kind: str, title: str, top: float, trend: Trend, history: Histo
                          f'<line x1="{x - 4:.1f}" y1="{y_of(high):.1f}" x2="{x + 4:.1f}" y2="{y_of(high):.1f}"/></g>')
         current = " current" if run.current else ""
         parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{5 if current else 3.5}" class="point {kind}{current}" '
-                     f'data-run="{_e(run.name.name if run.name else "this run")}"><title>{_e(tip)}</title></circle>')
+                     f'data-run="{_e(_run_id(history, point.run))}"><title>{_e(tip)}</title></circle>')
     return parts
+
+
+def _change_marks(kind: str, points: Sequence[tuple[int, float]], history: History, x_of: Callable[[int], float],
+                  top: float, bottom: float) -> list[str]:
+    """A dashed line between the last run before each change point of the panel's series and the first after
+    it (``report.changepoints``, as ``pytest-opt history`` finds them), labelled with the step's size; none
+    where ruptures (the ``history`` extra) is missing: the section's caption says so."""
+    from ..errors import OptConfigError
+    from .changepoints import steps
+
+    try:
+        found = steps([value for _, value in points])
+    except OptConfigError:
+        return []
+    parts = []
+    for split, change, interval in found:
+        before, after = points[split.index - 1][0], points[split.index][0]
+        x = (x_of(before) + x_of(after)) / 2
+        size = f"{100 * change:+.1f}%" if change is not None else "changed"
+        tip = (f"change point: {kind} {size}" + (f" [{100 * interval[0]:+.1f}%, {100 * interval[1]:+.1f}%]"
+                                                 if interval is not None else "")
+               + f" from {history.runs[after].describe()} (p={split.p_value:.2g})")
+        parts.append(f'<g class="change-point {kind}" data-run="{_e(_run_id(history, after))}" data-change="{_e(size)}">'
+                     f'<line x1="{x:.1f}" y1="{top:.1f}" x2="{x:.1f}" y2="{bottom:.1f}"/>'
+                     f'<text x="{x + 3:.1f}" y="{top + 11:.1f}" class="change-label">{_e(size)}</text>'
+                     f"<title>{_e(tip)}</title></g>")
+    return parts
+
+
+def _run_id(history: History, run: int) -> str:
+    name = history.runs[run].name
+    return name.name if name is not None else "this run"
 
 
 def trend_chart(index: int, trend: Trend, history: History) -> str:
@@ -552,7 +585,10 @@ def history_section(history: History | None) -> list[str]:
            f"{len(history.runs)} runs in <code>{_e(history.folder)}</code>, oldest left, this run highlighted; "
            "the axis names each run's time (UTC) and git commit (+: uncommitted changes). Whisker: the 95% "
            f"interval of the median latency (bootstrap over the rounds, {MIN_BOOTSTRAP_SAMPLES} rounds or more), "
-           "or the min-max of the rounds below that. Peak memory is read once per run: no interval.</p>"]
+           "or the min-max of the rounds below that. Peak memory is read once per run: no interval. A dashed line "
+           "marks a change point of the series, with its size (as <code>pytest-opt history</code> finds them)"
+           + ("" if _ruptures_installed() else ": none drawn here, since ruptures (the history extra) is not "
+              "installed") + ".</p>"]
     if history.left_out:
         out.append(f'<p class="note">Left out (not a readable report): '
                    f'{_e("; ".join(history.left_out))}</p>')
@@ -568,6 +604,12 @@ def history_section(history: History | None) -> list[str]:
         out.append(f'<figure class="chart trend"><figcaption><strong>{label}</strong></figcaption>{body}</figure>')
     out.append("</div></section>")
     return out
+
+
+def _ruptures_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ruptures") is not None
 
 
 # --------------------------------------------------------------------------- page

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import re
 import sys
 
 import pytest
@@ -159,3 +160,29 @@ def test_otava_csv_writes_only_runs_with_every_column_and_drops_a_figure_never_r
     assert changepoints.otava_csv(track, ["latency"]).count("\n") == 5
     with pytest.raises(OptConfigError, match="recorded none of the figures kl_mean"):
         changepoints.otava_csv(track, iter(["kl_mean"]))
+
+
+def test_the_html_trend_chart_marks_each_change_point_with_its_size_and_run() -> None:
+    """The HTML report's History section draws a dashed line between the last run before a change point and the
+    first after it, in the panel of that figure, labelled with the step's size; a steady figure gets none."""
+    import html as html_text
+
+    from pytest_transformers_opt.report.history import History, HistoryRun
+    from pytest_transformers_opt.report.html import history_section
+
+    latencies = noisy(7, 16, cv=0.02, steps={10: 1.3})
+    runs = []
+    for n, latency in enumerate(latencies):
+        name = series(latencies).runs[n]
+        row = {"nodeid": "tests/test_x.py::test_sdpa", "hardware": "CPU: Test CPU",
+               "optimized": {"latency_s": latency, "peak_memory_bytes": 2.0**20}}
+        runs.append(HistoryRun(name, {"tests": [row], "created": name.moment.isoformat()}))
+    page = "".join(history_section(History("hist", runs)))
+    marks = re.findall(r'<g class="change-point (\w+)" data-run="([^"]+)" data-change="([^"]+)">', page)
+    assert len(marks) == 1, marks
+    kind, run, size = marks[0]
+    assert (kind, run) == ("latency", runs[10].name.name)  # the first run after the step
+    assert 20.0 < float(size.rstrip("%")) < 40.0  # the injected +30%
+    title = html_text.unescape(re.search(r'class="change-point latency".*?<title>([^<]+)</title>', page).group(1))
+    assert title.startswith(f"change point: latency {size} [") and "(p=" in title
+    assert "A dashed line marks a change point" in page
