@@ -274,3 +274,19 @@ def test_confirmation_is_skipped_after_x_and_under_collect_only(
     assert run.test("test_sleepy")["regression"]["verdict"] == "regressed"
     collected = pytester.runpytest("--collect-only", "-q", f"--opt-compare={folder}", GATE)
     assert collected.ret == pytest.ExitCode.OK and "confirming" not in collected.stdout.str()
+
+
+def test_under_xdist_the_worker_that_ran_a_regressed_test_measures_it_again(
+        run_user: Any, pytester: pytest.Pytester, first_run: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pytest-xdist worker confirms its own tests after its last; the second measurement reaches the controller
+    with the worker's rows, and the run's verdict (adjusted over every test) uses it."""
+    folder = pytester.path / "history"
+    _craft(folder, first_run["recorded"], QUIET)
+    monkeypatch.setenv(SLOW_RUNS_VARIABLE, "1")
+    run = run_user(TEST, "-q", "-n", "2", f"--opt-compare={folder}", GATE, conftest=ONE_OFF)
+    assert run.result.ret == pytest.ExitCode.OK, run.result.stdout.str()
+    run.result.stdout.fnmatch_lines(["NOT CONFIRMED test_user.py::test_sleepy: regressed at first, ok when measured "
+                                     "again after the other tests*"])
+    row = run.test("test_sleepy")
+    assert row["regression"]["confirmed"] is False and row["confirmation"]["outcome"] == "passed"
+    assert row["optimized"]["latency_s"] > 1.5 * row["confirmation"]["optimized"]["latency_s"]
