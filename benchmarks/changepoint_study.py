@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     n = args.histories
     print(f"    {' '.join(['python', *sys.argv])}\n")
     print(f"ruptures Binseg (l2, min_size {MIN_SEGMENT}, penalty {PENALTY_PER_LOG_RUN} log(runs) on the robust "
-          f"z-scores), permutation test of each change point's segment ({PERMUTATIONS} shuffles), kept at "
+          f"z-scores), permutation test of each change point's segment on the ranks ({PERMUTATIONS} shuffles), kept at "
           f"p <= {MAX_P_VALUE}.\n")
     print("| histories | what | count | goal |")
     print("| --- | --- | --- | --- |")

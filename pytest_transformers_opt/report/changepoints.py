@@ -2,7 +2,9 @@
 
 Each (test, hardware) of the history gives one series per figure (``METRICS``), oldest run first. A change
 point is proposed by ``ruptures`` (binary segmentation of the mean, on the series in units of its robust
-scale) and kept only when a permutation test of its segment says so, as E-divisive (Otava, MongoDB) does:
+scale: the values place a step to the run) and kept only when a permutation test of its segment says so,
+on the series' ranks (one run slowed by a busy machine moves a rank by one, not a mean by its whole excess,
+so the heavy tails of CI timings neither hide a step nor make one), as E-divisive (Otava, MongoDB) does:
 the segment between its neighbouring change points is shuffled ``PERMUTATIONS`` times and the best split
 of each shuffle scored by the same statistic (the largest fall in squared error one split can give). The
 weakest change point is dropped, and its neighbours tested again, until every one left has
@@ -216,16 +218,17 @@ def detect(values: Sequence[float], *, max_p_value: float = MAX_P_VALUE,
     if not scale > 0:
         return []
     import numpy as np
+    from scipy.stats import rankdata  # ruptures' own dependency
 
-    center = statistics.median(values)
-    normalised = (np.asarray(values, dtype=float) - center) / scale
+    normalised = (np.asarray(values, dtype=float) - statistics.median(values)) / scale
+    ranks = [float(rank) for rank in rankdata(values)]  # what the permutation test judges; ties share a mean rank
     search = rpt.Binseg(model="l2", min_size=MIN_SEGMENT, jump=1).fit(normalised)
     candidates: list[int] = [int(i) for i in search.predict(pen=PENALTY_PER_LOG_RUN * math.log(len(values)))[:-1]]
     tested: dict[tuple[int, int], float] = {}  # (start, stop) -> p-value: a segment's test does not change
 
     def p_value(start: int, stop: int) -> float:
         if (start, stop) not in tested:
-            tested[(start, stop)] = _segment_p_value(values, start, stop, permutations)
+            tested[(start, stop)] = _segment_p_value(ranks, start, stop, permutations)
         return tested[(start, stop)]
 
     while candidates:
