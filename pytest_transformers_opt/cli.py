@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 import time
@@ -27,6 +28,7 @@ from .advisor.workload import (ASSUMED_INPUT_TOKENS, ASSUMED_MAX_NEW_TOKENS, PRO
 from .errors import OptConfigError
 from .files import write_atomic
 from .units import SIZE_FORMS, parse_non_negative_int, parse_size
+from .verdict.stats import DEFAULT_COMPARE_WINDOW, MAX_COMPARE_WINDOW, MIN_WINDOW_RUNS, compare_window_size
 
 if TYPE_CHECKING:
     from .report.compare import Threshold
@@ -117,9 +119,13 @@ def _add_merge(commands: Any) -> None:
     merge.add_argument("-o", "--output", required=True, metavar="MERGED.json", help="where to write the merged report")
     merge.add_argument("--md", metavar="PATH", help="also render the merged report as Markdown to PATH")
     merge.add_argument("--html", metavar="PATH", help="also render the merged report as HTML to PATH")
-    merge.add_argument("--compare", metavar="OLD.json",
-                       help="compare the merged report with an earlier report (one run's or a merged one), as "
-                            "pytest --opt-compare does; the verdicts go into the merged report")
+    merge.add_argument("--compare", metavar="OLD.json|DIR",
+                       help="compare the merged report with an earlier report (one run's or a merged one), or with "
+                            "each test's window of runs in a folder written by pytest --opt-history, as pytest "
+                            "--opt-compare does; the verdicts go into the merged report")
+    merge.add_argument("--compare-window", metavar="N", type=_window_size,
+                       help=f"with --compare DIR: each test's last N recorded runs on its hardware and stack "
+                            f"(default {DEFAULT_COMPARE_WINDOW}; {MIN_WINDOW_RUNS} to {MAX_COMPARE_WINDOW})")
     merge.add_argument("--compare-fail", metavar="SPEC",
                        help="with --compare: exit 1 when a test regressed past these thresholds, as pytest "
                             "--opt-compare-fail does, e.g. latency:10%%,peak_memory:5%%,kl_mean:0.01")
@@ -267,6 +273,14 @@ def run_history(args: argparse.Namespace) -> int:
     return 0
 
 
+def _window_size(value: str) -> int:
+    """--compare-window, as pytest's --opt-compare-window reads it (argparse turns the error into one line)."""
+    try:
+        return compare_window_size(value)
+    except OptConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _int(value: str | None, option: str) -> int | None:
     if value is None:
         return None
@@ -369,12 +383,19 @@ def _merge_verdicts(args: argparse.Namespace, merged: dict[str, Any], old: dict[
     passes, or there is no gate)."""
     from .report.compare import attach_verdicts, compare_reports, nothing_judged, summarise
 
-    if old is None:
+    first_run = False
+    if old is not None:
+        verdicts = compare_reports(old, merged, thresholds)
+        lines = summarise(verdicts, args.compare, old)
+    elif args.compare is not None:  # a folder of runs recorded by --opt-history: each test against its window
+        from .report.window import compare_with_window
+
+        window = compare_with_window(args.compare, merged, thresholds, args.compare_window, confirm=bool(thresholds))
+        verdicts, lines, first_run = window.verdicts, window.lines, window.empty
+    else:
         return [], None
-    verdicts = compare_reports(old, merged, thresholds)
     attach_verdicts(merged, verdicts)
-    lines = summarise(verdicts, args.compare, old)
-    if not thresholds:
+    if not thresholds or first_run:  # the first run of a history has nothing to be judged against: not a failure
         return lines, None
     gate = f"--compare-fail={args.compare_fail} against --compare={args.compare}"
     regressed = sum(v.get("verdict") == "regressed" for v in verdicts.values())
@@ -397,7 +418,12 @@ def run_merge(args: argparse.Namespace) -> int:
         if path is not None:
             _writable(path, option)
     _distinct_paths(args)
-    old = load_compare_report(args.compare, "--compare") if args.compare is not None else None
+    if args.compare_window is not None and (args.compare is None or not os.path.isdir(args.compare)):
+        raise OptConfigError(f"--compare-window: needs --compare DIR, a folder of runs recorded by pytest "
+                             f"--opt-history (found: {'--compare ' + args.compare if args.compare else 'no --compare'})")
+    args.compare_window = args.compare_window or DEFAULT_COMPARE_WINDOW
+    old = load_compare_report(args.compare, "--compare") \
+        if args.compare is not None and not os.path.isdir(args.compare) else None
     count = len(args.reports)
     print(f"merging {count} report{'s' if count != 1 else ''} into {args.output} ...", flush=True)
     notes: list[str] = []  # what the reader ignored in reports written by another version of the plugin

@@ -23,7 +23,7 @@ from .engine.gpu_pinning import parse_gpus_per_worker
 from .files import check_writable
 from .verdict.sequential import AUTO_ROUNDS, MAX_WARMUP, ROUNDS_FORMS, RoundsRule, parse_rounds
 from .verdict.budgets import BUDGET_MODES, BUDGETS, parse_budget
-from .verdict.stats import MIN_WINDOW_RUNS
+from .verdict.stats import DEFAULT_COMPARE_WINDOW, MAX_COMPARE_WINDOW, MIN_WINDOW_RUNS, compare_window_size
 from .errors import OptConfigError
 from .units import parse_non_negative_int
 
@@ -74,13 +74,8 @@ def _history_keep(value: str) -> int:
     return parse_non_negative_int(value, "recorded runs to keep", minimum=1, maximum=MAX_HISTORY_KEEP)
 
 
-DEFAULT_COMPARE_WINDOW = 10
-MAX_COMPARE_WINDOW = 1000
-
-
 def _compare_window(value: str) -> int:
-    return parse_non_negative_int(value, "recorded runs in the window", minimum=MIN_WINDOW_RUNS,
-                                  maximum=MAX_COMPARE_WINDOW)
+    return compare_window_size(value)
 
 
 def _path(value: str) -> str:

@@ -98,6 +98,8 @@ def median_ratio_interval(numerator: Sequence[float], denominator: Sequence[floa
 # ---------------------------------------------------------------------------------------------
 # a new run against a window of earlier runs (``report.window``)
 
+DEFAULT_COMPARE_WINDOW = 10  # recorded runs a test is judged against (--opt-compare-window, merge --compare-window)
+MAX_COMPARE_WINDOW = 1000
 MIN_WINDOW_RUNS = 5
 """Fewer runs give a spread too uncertain to judge by: with 3, a one-sided 5% bar lies 12 spreads out (the MAD of
 3 values carries under one degree of freedom), so nearly every test would be inconclusive."""
@@ -209,3 +211,12 @@ def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
         running = min(running, p_values[index] * count / rank)
         adjusted[index] = running
     return adjusted
+
+
+def compare_window_size(value: str) -> int:
+    """A window size as typed (--opt-compare-window, merge --compare-window); OptConfigError naming the range."""
+    from ..units import parse_non_negative_int
+
+    return parse_non_negative_int(value, "recorded runs in the window", minimum=MIN_WINDOW_RUNS,
+                                  maximum=MAX_COMPARE_WINDOW)
+

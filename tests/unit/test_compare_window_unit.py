@@ -268,3 +268,33 @@ def test_an_empty_folder_is_a_first_run_and_a_broken_file_is_left_out(tmp_path: 
     assert regression["verdict"] == "ok" and regression["reference"]["runs"] == 10
     assert any(line.startswith("note: 1 file left out of the window: 20261121T000000Z.json: ")
                for line in comparison.lines)
+
+
+def test_merge_compares_the_merged_shards_with_the_window_of_a_history_folder(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``pytest-opt merge ... --compare DIR``: the merged report judged as pytest --opt-compare=DIR judges a run."""
+    from pytest_transformers_opt import cli
+
+    folder = tmp_path / "history"
+    _record(folder, [_run(factor) for factor in QUIET])
+    for factor, status in ((3.0, 1), (1.0, 0)):
+        shard = tmp_path / f"shard-{factor}.json"
+        shard.write_text(json.dumps(_run(factor)))
+        merged = tmp_path / f"merged-{factor}.json"
+        code = cli.main(["merge", str(shard), "-o", str(merged), "--compare", str(folder),
+                         "--compare-fail", "latency:10%"])
+        out, err = capsys.readouterr()
+        assert code == status, (out, err)
+        regression = json.loads(merged.read_text())["tests"][0]["regression"]
+        assert regression["reference"]["kind"] == "window" and regression["reference"]["runs"] == 10
+        if status:
+            assert regression["verdict"] == "regressed" and "REGRESSED " in out
+            assert "1 test regressed past --compare-fail=latency:10%" in err
+        else:
+            assert regression["verdict"] == "ok" and "compare: 0 regressed, 0 inconclusive, 0 improved, 1 ok" in out
+    # a window size outside its range, or without a folder: one line, exit 2
+    for extra, said in ((["--compare", str(folder), "--compare-window", "3"], "--compare-window"),
+                        (["--compare-window", "10"], "--compare-window: needs --compare DIR")):
+        assert cli.main(["merge", str(shard), "-o", str(tmp_path / "x.json"), *extra]) == 2
+        [line] = capsys.readouterr().err.splitlines()
+        assert said in line
