@@ -29,8 +29,6 @@ import bitsandbytes  # noqa: E402,F401
 import optimum.quanto  # noqa: E402,F401
 import hqq  # noqa: E402,F401
 import accelerate  # noqa: E402,F401
-import ruptures  # noqa: E402,F401  (the history extra: change points in pytest-opt history and the HTML trend charts)
-import scipy.stats  # noqa: E402,F401
 
 from pytest_transformers_opt.engine import tiny_models  # noqa: E402
 
