@@ -1,5 +1,5 @@
 """The one place that asks the libraries we sit on what they offer: installed versions, importable
-modules, and every access to a private attribute of transformers or torch (a name that may change in
+modules, and every access to a private attribute of transformers, torch or pytest (a name that may change in
 any release, so each is reached through one function here, with the fallback it needs)."""
 
 from __future__ import annotations
@@ -332,3 +332,18 @@ def benchmark_storage(url: str, logger: Any, netrc: Any) -> Any:
                            "so --benchmark-save / --benchmark-autosave cannot be honoured here; "
                            "--benchmark-json=PATH still writes the data") from exc
     return load_storage(url, logger=logger, default_machine_id=get_machine_id(), netrc=netrc)
+
+
+# ---------------------------------------------------------------- pytest: running a test once more
+
+def run_test_again(item: Any) -> bool:
+    """Run ``item`` once more (setup, call, teardown, its fixtures anew) without reporting it: pytest's own
+    ``runtestprotocol(log=False)``, the one way to do that (pytest-rerunfailures reaches it too; the public
+    ``pytest_runtest_protocol`` hook would report the test a second time). False where this pytest has none."""
+    try:
+        from _pytest.runner import runtestprotocol
+    except ImportError:
+        return False
+    runtestprotocol(item, nextitem=None, log=False)
+    return True
+

@@ -233,19 +233,22 @@ class OptSession:
                     and regressed_entries(self.settings, environment, entries_of(self.records[item.nodeid]))]
         if not suspects:
             return
-        from _pytest.runner import runtestprotocol
-
-        from .engine.progress import long_work
+        from .compat import run_test_again
+        from .engine.progress import long_work, say
 
         what = f"confirming {len(suspects)} regressed test{'s' if len(suspects) != 1 else ''} with fresh rounds"
         with long_work(what, detail="--opt-compare-confirm: a regression fails the gate only when measured twice"):
             for item in suspects:
                 first = self.records.pop(item.nodeid)
                 try:  # its models stay cached after this (its last use was counted): freed at the session's end
-                    runtestprotocol(item, nextitem=None, log=False)
+                    ran = run_test_again(item)
                 finally:
                     first.confirmation = self.records.pop(item.nodeid, None)
                     self.records[item.nodeid] = first
+                if not ran:
+                    say(f"--opt-compare-confirm: this pytest ({package_version('pytest')}) cannot run a test again "
+                        f"unreported; the first measurements decide")
+                    return
 
     # -- model lifetimes --------------------------------------------------------------------------
     def count_model_uses(self, items: list[pytest.Item]) -> None:

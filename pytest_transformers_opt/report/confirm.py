@@ -12,12 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..units import clip
 from .compare import verdict_keys
 
 if TYPE_CHECKING:
     from ..options import Settings
 
 REGRESSED = "regressed"
+_REASON_CHARS = 160
 # what a row's confirmation keeps of the second measurement: what the window judges, and how the test ended
 CONFIRMATION_KEYS = ("outcome", "error", "baseline", "optimized", "speedup", "speedup_interval", "memory_ratio",
                      "similarity")
@@ -53,7 +55,9 @@ def confirm_verdicts(report: dict[str, Any], verdicts: dict[str, dict[str, Any]]
         first, repeat = verdicts[key], again.get(key, {})
         if test.get("outcome") != "passed" or repeat.get("verdict") in (None, "new", "not comparable"):
             first["confirmed"] = True
-            why = test.get("error") or test.get("outcome")
+            # the error's first line, as the terminal's other one-line reasons (an assertion's explanation follows it)
+            lines = str(test.get("error") or "").strip().splitlines()
+            why = clip(lines[0] if lines else str(test.get("outcome")), _REASON_CHARS)
             first["details"] = [*first.get("details", []), f"measured again after the other tests, it did not give a "
                                 f"verdict ({why}): the first measurement's regression stands"]
             lines.append(f"CONFIRMED {key}: the second measurement gave no verdict ({why}): the regression stands")

@@ -294,3 +294,24 @@ def test_under_xdist_the_worker_that_ran_a_regressed_test_measures_it_again(
     assert row["regression"]["confirmed"] is False and row["regression"]["verdict"] in ("ok", "improved")
     assert row["confirmation"]["outcome"] == "passed"
     assert row["optimized"]["latency_s"] > 1.5 * row["confirmation"]["optimized"]["latency_s"]
+
+
+def test_a_second_measurement_that_fails_leaves_the_regression_standing(
+        run_user: Any, pytester: pytest.Pytester, first_run: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing clears a regression but a second measurement that does not regress: one whose test fails (here its
+    own assertion, on its second run) keeps the first verdict, says why, and the row keeps how it ended."""
+    folder = pytester.path / "history"
+    _craft(folder, first_run["recorded"], QUIET)
+    monkeypatch.setenv(SLOW_RUNS_VARIABLE, "1")
+    fails_again = TEST.replace("import pytest\n", "import pytest\n\nimport conftest\n") + \
+        "    assert len(conftest.RUNS) == 1, 'the second run of this test fails'\n"
+    run = run_user(fails_again, "-q", f"--opt-compare={folder}", GATE, conftest=ONE_OFF)
+    assert run.result.ret == pytest.ExitCode.TESTS_FAILED
+    assert run.result.parseoutcomes() == {"passed": 1}  # the second run is not reported to pytest
+    run.result.stdout.fnmatch_lines([
+        "CONFIRMED test_user.py::test_sleepy: the second measurement gave no verdict (*the second run of this test "
+        "fails*): the regression stands",
+        f"*1 test regressed past {GATE} against --opt-compare={folder}: the run fails"])
+    row = run.test("test_sleepy")
+    assert row["regression"]["verdict"] == "regressed" and row["regression"]["confirmed"] is True
+    assert row["confirmation"]["outcome"] == "failed" and "second run of this test fails" in row["confirmation"]["error"]
