@@ -83,7 +83,8 @@ INFORMATIONAL_METRICS: tuple[str, ...] = ("latency", "peak_memory", "throughput"
 
 VERDICTS: tuple[str, ...] = ("regressed", "improved", "ok", "new", "not comparable")
 INCONCLUSIVE = "inconclusive"
-"""A window's verdict (``report.window``): the runs vary too much for the limit to be judged either way."""
+"""A window's verdict (``report.window``): it cannot vouch for the test (a worsening past the limit within its runs'
+spread, or runs that vary too much for the limit), nor fail it."""
 
 COMPARE_FAIL_FORMS = (
     "comma-separated METRIC:NUMBER% (relative worsening, e.g. latency:10%) or METRIC:NUMBER "

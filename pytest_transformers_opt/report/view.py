@@ -772,7 +772,8 @@ def compare_note(report: Mapping[str, Any]) -> str | None:
     gate = f" (gate {one_line(str(compare['gate']))})" if compare.get("gate") else ""
     text = f"Compared with {reference}{gate}: {counts}."
     if compare["counts"].get("inconclusive"):
-        text += (" Inconclusive: the window's runs vary too much for the limit; each such test says the smallest "
+        text += (" Inconclusive: the window cannot vouch for the test (a worsening past the limit within its runs' "
+                 "spread, or runs that vary too much for the limit); each such test says the smallest "
                  "change its window could have flagged (its detectable size).")
     return text
 
