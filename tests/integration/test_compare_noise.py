@@ -59,10 +59,11 @@ def _median(report: dict[str, Any]) -> float:
 
 
 def test_a_noisy_null_passes(run_user: Any, reference: dict[str, Any], pytester: pytest.Pytester) -> None:
-    """An earlier run of the same test with three rounds 40% faster and one a huge outlier: its median is
-    >10% below this run's, its other rounds are this run's."""
+    """An earlier run of the same test with three rounds 70% faster and one a huge outlier: its median is
+    >10% below this run's, its other rounds are this run's. (70%, not 40%: the reference session ran minutes
+    before this one, and under the suite's load this run once read 19% faster than it, a ratio of 1.007.)"""
     median = _median(reference)
-    noisy = [0.6 * median, 0.606 * median, 0.612 * median, median, 1.01 * median, 20 * median]
+    noisy = [0.3 * median, 0.303 * median, 0.306 * median, median, 1.01 * median, 20 * median]
     earlier = _earlier(reference, pytester.path / "noisy.json", noisy)
     run = run_user(TEST, ROUNDS, "--opt-report", f"--opt-compare={earlier}", "--opt-compare-fail=latency:10%")
     judged = _judged(run)
