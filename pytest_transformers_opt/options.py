@@ -46,6 +46,16 @@ def _mode(value: str) -> str:
     raise OptConfigError(f"{value!r} is not a budget mode; accepted: {', '.join(BUDGET_MODES)}")
 
 
+AB_MODES = ("auto", "interleaved", "blocks")
+
+
+def _ab_mode(value: str) -> str:
+    value = value.strip()
+    if value in AB_MODES:
+        return value
+    raise OptConfigError(f"{value!r} is not an A/B mode; accepted: {', '.join(AB_MODES)}")
+
+
 def _names(value: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in value.split(",") if n.strip())
     if not names:
@@ -177,6 +187,10 @@ OPTIONS: tuple[OptionDef, ...] = (
     OptionDef("--opt-ab-fail", "opt_ab_fail", "opt_ab_fail", _text, None,
               "A/B regressions that fail the run, in the grammar of --opt-compare-fail: "
               "latency:5%,peak_memory:5%,kl_mean:0.01", "EXPR[,EXPR]"),
+    OptionDef("--opt-ab-mode", "opt_ab_mode", "opt_ab_mode", _ab_mode, "auto",
+              "how the two environments take turns: interleaved (round by round; both processes hold a model), "
+              "blocks (alternating blocks of rounds, the idle side's model moved to the CPU: for a device that "
+              "cannot hold two), auto (interleaved, blocks where the device cannot hold both)", "MODE"),
 )
 
 
@@ -246,6 +260,7 @@ class Settings:
     history_keep: int
     ab: str | None  # the reference interpreter: absolute, or as given when it is a command found on PATH
     ab_fail: str | None
+    ab_mode: str  # an AB_MODES entry
     sources: dict[str, str]  # option key -> where its value came from: the flag, the variable, "ini KEY", "default"
     ini_budgets: dict[str, str]  # budget name -> the ini value, checked
     baseline: tuple[str, ...]  # ini opt_baseline, else eager

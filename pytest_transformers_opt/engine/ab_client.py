@@ -257,6 +257,11 @@ class ReferenceWorker:
                             generation_peak_bytes=response.get("generation_peak_bytes"),
                             memory_method=response.get("memory_method"), problems=response.get("problems"))
 
+    def park(self, key: str, to: str) -> float:
+        """Move the configuration under ``key`` to the host (``"host"``) or back to its device (``"device"``);
+        the seconds it took in the worker."""
+        return float(self._call({"op": "park", "key": key, "to": to}, f"moving {key} to the {to}")["seconds"])
+
     def _call(self, payload: dict[str, Any], what: str) -> dict[str, Any]:
         try:
             data = json.dumps(payload).encode() + b"\n"

@@ -183,7 +183,9 @@ class Worker:
             return self.load(request)
         if op == "generate":
             return self.generate(request)
-        raise ValueError(f"unknown op {op!r}; known: load, generate, close")
+        if op == "park":
+            return self.park(request)
+        raise ValueError(f"unknown op {op!r}; known: load, generate, park, close")
 
     def load(self, request: dict[str, Any]) -> dict[str, Any]:
         from ..errors import OptConfigError
@@ -245,6 +247,19 @@ class Worker:
                 "logprobs_file": self._write_logprobs(run.logprobs),
                 "generation_peak_bytes": reading.peak_delta_bytes if reading is not None else None,
                 "memory_method": reading.method if reading is not None else None, "problems": problems}
+
+    def park(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``--opt-ab-mode=blocks``: move the configuration's model to the host (``to: host``) while the candidate
+        runs its block, or back to its device (``to: device``)."""
+        from .parking import park
+
+        key = str(request["key"])
+        configuration = self._configurations.get(key)
+        if configuration is None:
+            raise ValueError(f"no configuration loaded under the key {key!r} (load it first; a skipped load has none)")
+        model = self._opt_model(configuration).model
+        seconds = park(model, "cpu" if request.get("to") == "host" else configuration.device)
+        return {"ok": True, "seconds": seconds}
 
     # -- pieces ---------------------------------------------------------------------------------------
     def registry(self, conftests: list[str]) -> tuple[TechniqueRegistry, str | None]:

@@ -28,7 +28,7 @@ from ..engine.loading import ModelRequest
 from ..engine.model import LoadedModel, OptModel
 from ..engine.measure import PeakReading, Timings, load_transient_note, track_peak_memory
 from ..engine.progress import Work, long_work
-from .reference_side import ReferenceSide, device_cannot_hold_both, oversubscribed_note
+from .reference_side import AlternatingBlocks, ReferenceSide, ab_mode, oversubscribed_note
 from .results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload, model_arguments, report_model_identity
 from .sequential import MAX_WARMUP, RoundsDecision, keep_going, parse_rounds
 from .similarity import compare_runs, diverged, forced_run_note
@@ -314,13 +314,19 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         if session.settings.ab:
             result.notes.append(AB_NOT_FOR_TENSOR_PARALLEL)
         return Measurement(result)
-    ab: ReferenceSide | None = None
+    ab: ReferenceSide | None = None  # interleaved: the reference's side takes a turn in every round
+    blocks: AlternatingBlocks | None = None  # or its rounds in blocks of their own, between the candidate's
     if session.settings.ab:
-        too_small = device_cannot_hold_both(session, opt)
-        if too_small:
-            notes.append(too_small)
-        else:
+        mode, why = ab_mode(session, opt, base)
+        if mode == "interleaved":
             ab = ReferenceSide.start(session, plan, opt, workload, check_length)
+        elif mode == "blocks":
+            assert why is not None
+            blocks = AlternatingBlocks(session, plan, [opt] + ([base] if base is not None else []), workload,
+                                       check_length, why)
+            notes.append(blocks.note())
+        elif why:
+            notes.append(why)
 
     base_timings, opt_timings = Timings(), Timings()
     minimum, maximum = warmup_bounds(workload.warmup, opt.generation.compile, session.hardware.is_cuda)
@@ -366,12 +372,18 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         work.status = "forced run (the baseline's tokens)"
         forced = once(opt, force_tokens=target).logprobs
         notes.append(forced_run_note(len(target), workload.max_new_tokens))
-    if ab is not None:
+
+    def verify_reference(side: ReferenceSide) -> None:
         work.status = "reference environment's verification run"
         # identical contexts on both sides: the baseline's tokens, or the candidate's own where none are known
         ab_target = target if target is not None else verification.tokens
-        ab.verify(session, ab_target)
-        ab.compare(verification.tokens, forced if diverged(ab_target, verification.tokens) else verification.logprobs)
+        side.verify(session, ab_target)
+        side.compare(verification.tokens, forced if diverged(ab_target, verification.tokens) else verification.logprobs)
+
+    if ab is not None:
+        verify_reference(ab)
+    if blocks is not None:
+        blocks.verify_with = verify_reference  # at its first block
     if stored_ctx is not None and stored is not None:  # stored comes from stored_ctx
         similarity = similarity_against_stored(stored, verification.tokens, verification.logprobs,
                                                workload.max_new_tokens, forced)
@@ -389,7 +401,21 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
 
     recompiles: list[int] = []
 
+    def warm_candidate() -> None:
+        """The candidate's sides back on the device after a reference block: one round each, not timed."""
+        work.status = "warm-up round after the reference's block"
+        if base is not None:
+            base_timings.warmup_s.append(once(base).timing.total_s)
+        opt_timings.warmup_s.append(once(opt).timing.total_s)
+
+    def finish_blocks() -> None:
+        if blocks is not None:
+            work.status = "the reference environment's block"
+            blocks.finish(len(opt_timings.rounds))
+
     def timed_round(index: int, of: str) -> None:
+        if blocks is not None:
+            blocks.candidate_round(index, warm_candidate)
         work.status = f"timed round {index + 1}/{of}"
         # the candidate's optimized side and the reference's (--opt-ab) also take turns at going first
         sides: list[Any] = [s for s in ((base, opt, ab) if index % 2 == 0 else (ab, opt, base)) if s is not None]
@@ -408,6 +434,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         for index in range(start, start + count):
             timed_round(index, str(start + count))
         recompiles.append(compiled_graph_count() - graphs_before)
+        finish_blocks()
         return result_so_far()
 
     rule = workload.rounds_rule
@@ -433,6 +460,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
                               interim.baseline.latency_s):
                 break
         recompiles.append(compiled_graph_count() - graphs_before)
+        finish_blocks()
         return with_decision(result_so_far())
 
     def confirm_sequential() -> OptResult:
@@ -469,7 +497,8 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
                           texts=verification.texts, memory=opt_memory, compile_time=compile_time,
                           recompiles=sum(recompiles) if opt.generation.compile else None, loaded=opt.loaded)
         optimized.paged_cache_bytes = verification.evidence.paged_cache_bytes
-        ab_record = ab.record(_reference_metrics) if ab is not None else None
+        reference_side = ab if ab is not None else blocks.side if blocks is not None else None
+        ab_record = reference_side.record(_reference_metrics) if reference_side is not None else None
         result = OptResult(
             ab=ab_record,
             baseline=baseline,
@@ -484,6 +513,8 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
 
     if maximum:
         warm_until_stable(warm_both, 1, maximum - minimum, previous=first)
+    if blocks is not None:
+        blocks.warmup_rounds = len(opt_timings.warmup_s)
     if workload.max_rounds is not None:
         result = sequential_rounds()
         # every round ran while a verdict was open: nothing is left to confirm, unless a failure stands on

@@ -46,6 +46,9 @@ class ReferenceSide:
         self.logprobs_at_target: list[Any] | None = None
         self.similarity: Similarity | None = None
         self.load_averages = [_load_average()]  # the machine's load when the A/B began, and when recorded
+        self.mode = "interleaved"
+        self.blocks: list[list[Any]] | None = None  # blocks mode: [environment, rounds] in the order they ran
+        self.blocks_of: AlternatingBlocks | None = None
 
     @classmethod
     def start(cls, session: "OptSession", plan: "TestPlan", opt: "OptModel", workload: "Workload",
@@ -107,7 +110,10 @@ class ReferenceSide:
         optimized = side_metrics(self.timings, self.loaded, self.verification)
         self.load_averages = self.load_averages[:1] + [_load_average()]
         return {
-            "mode": "interleaved",
+            "mode": self.mode,
+            **({"blocks": [list(block) for block in self.blocks],
+                "swap_s": self.blocks_of.swap_s if self.blocks_of is not None else None}
+               if self.blocks is not None else {}),
             "load_average": [value for value in self.load_averages if value is not None] or None,
             "cores": _cores(),
             "reference": {"python": self.worker.python, "python_version": self.worker.python_version,
@@ -115,6 +121,108 @@ class ReferenceSide:
             "optimized": optimized.to_dict(),
             "similarity": self.similarity.to_dict() if self.similarity is not None else None,
         }
+
+
+BLOCK_ROUNDS = 5  # the candidate's rounds per block; the reference runs its blocks in pairs between them
+
+
+class AlternatingBlocks:
+    """``--opt-ab-mode=blocks``: the two environments' rounds in alternating blocks, for a device that cannot
+    hold both models. The order is candidate, reference, reference, candidate, candidate, reference, ... (ABBA),
+    so a drift that grows steadily falls alike on both; the waiting side's model is moved to the CPU
+    (``engine.parking``), and each side warms up again after its model comes back. Drift within a block is
+    not cancelled, so the A/B's rounds count as unpaired (``verdict.ab``).
+
+    The reference side is loaded at its first block, with the candidate's models off the device."""
+
+    def __init__(self, session: "OptSession", plan: "TestPlan", candidates: list["OptModel"], workload: "Workload",
+                 check_length: Callable[..., None], why: str) -> None:
+        self.session, self.plan, self.workload, self.check_length = session, plan, workload, check_length
+        self.candidates = candidates  # the optimized model, and the baseline's where it was loaded
+        self.why = why
+        self.side: ReferenceSide | None = None
+        self.log: list[list[Any]] = []  # [environment, rounds], consecutive rounds of one merged
+        self.swap_s = 0.0
+        self.verify_with: Callable[[ReferenceSide], None] | None = None  # set once the candidate's run is verified
+        self.candidate_cold = False  # the candidate's models came back from the CPU since its last round
+        self.warmup_rounds = 1  # the reference's warm-up before its first block: as many as the candidate needed
+
+    def note(self) -> str:
+        return (f"--opt-ab: rounds in alternating blocks of {BLOCK_ROUNDS} (candidate, reference, reference, "
+                f"candidate, ...), because {self.why}; the waiting side's model was moved to the CPU between its "
+                f"blocks, and drift within a block is not cancelled (the environments' rounds count as unpaired)")
+
+    def _logged(self, environment: str, rounds: int) -> None:
+        if self.log and self.log[-1][0] == environment:
+            self.log[-1][1] += rounds
+        else:
+            self.log.append([environment, rounds])
+
+    def candidate_round(self, index: int, warm_candidate: Callable[[], None]) -> None:
+        """Before the candidate's timed round ``index``: the reference's blocks owed by now (two after every
+        second candidate block), then the round is counted."""
+        block = index // BLOCK_ROUNDS
+        if index and index % BLOCK_ROUNDS == 0:
+            self._reference_rounds(2 * ((block + 1) // 2) * BLOCK_ROUNDS)
+        if self.candidate_cold:  # its first round after the move is not a timed one
+            warm_candidate()
+            self.candidate_cold = False
+        self._logged("candidate", 1)
+
+    def finish(self, candidate_rounds: int) -> None:
+        """After the candidate's rounds: the reference runs as many (a confirmation's rounds later may add a
+        candidate block, which warms up first)."""
+        self._reference_rounds(candidate_rounds)
+
+    def _reference_rounds(self, target: int) -> None:
+        from ..engine.parking import park
+
+        done = len(self.side.timings.rounds) if self.side is not None else 0
+        if target <= done:
+            return
+        homes = [str(next(iter(model.model.parameters())).device) for model in self.candidates]
+        try:
+            self.swap_s += sum(park(model.model, "cpu") for model in self.candidates)
+            side = self.side
+            if side is None:
+                side = self.side = ReferenceSide.start(self.session, self.plan, self.candidates[0], self.workload,
+                                                       self.check_length)
+                side.mode, side.blocks, side.blocks_of = "blocks", self.log, self
+                for _ in range(max(1, self.warmup_rounds)):
+                    side.warm(self.session)
+                if self.verify_with is not None:
+                    self.verify_with(side)
+            else:
+                self.swap_s += _call(self.session, lambda: side.worker.park(side.key, "device"))
+                side.warm(self.session)  # its first round after the move is not a timed one
+            for _ in range(target - done):
+                side.timed_round(self.session)
+            self._logged("reference", target - done)
+            self.swap_s += _call(self.session, lambda: side.worker.park(side.key, "host"))
+        finally:  # also when the reference skipped or failed the test: the session's cached models go back
+            self.swap_s += sum(park(model.model, home) for model, home in zip(self.candidates, homes))
+            self.candidate_cold = True
+
+
+def ab_mode(session: "OptSession", opt: "OptModel", base: "OptModel | None") -> tuple[str | None, str | None]:
+    """How this test's A/B runs under ``--opt-ab-mode``: ``("interleaved", None)``, ``("blocks", why)``, or
+    ``(None, why not)`` where it cannot run (the test then runs without its A/B and says so)."""
+    from ..engine.parking import why_not_parkable
+
+    requested = session.settings.ab_mode
+    too_small = device_cannot_hold_both(session, opt) if requested != "blocks" else None
+    if requested == "interleaved" or (requested == "auto" and too_small is None):
+        if too_small is None:
+            return "interleaved", None
+        return None, (f"--opt-ab: no A/B for this test: {too_small} (both processes hold a model in interleaved "
+                      f"rounds); use a larger device, a smaller model, or --opt-ab-mode=blocks")
+    why = too_small or "--opt-ab-mode=blocks"
+    for model in [opt] + ([base] if base is not None else []):
+        unmovable = why_not_parkable(model.model)
+        if unmovable:
+            return None, (f"--opt-ab: no A/B for this test: {why}, and blocks cannot be run: the model "
+                          f"[{', '.join(model.labels)}] cannot wait on the CPU: {unmovable}")
+    return "blocks", why
 
 
 DEVICE_HEADROOM = 1.2  # the reference's copy of the model, and some room for its generation
@@ -134,9 +242,8 @@ def device_cannot_hold_both(session: "OptSession", opt: "OptModel") -> str | Non
     need = int(opt.loaded.resident_bytes * DEVICE_HEADROOM)
     if free >= need:
         return None
-    return (f"--opt-ab: no A/B for this test: {session.device} has {format_bytes(free)} free, the reference's copy "
-            f"of the model needs about {format_bytes(need)} beside this one (both processes hold a model); use a "
-            f"larger device or a smaller model for the A/B job")
+    return (f"{session.device} has {format_bytes(free)} free, and the reference's copy of the model needs about "
+            f"{format_bytes(need)} beside this one")
 
 
 def oversubscribed_note(record: dict[str, Any] | None) -> str | None:

@@ -234,3 +234,48 @@ def test_ctrl_c_mid_ab_leaves_no_worker_behind(pytester):
     while _worker_pids() & pids and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _worker_pids() & pids
+
+
+def test_blocks_mode_runs_the_environments_in_alternating_blocks_and_says_so(run_user, pytester):
+    """--opt-ab-mode=blocks (what auto picks on a CUDA device that cannot hold both models): candidate,
+    reference, reference, candidate; on a CPU the models stay where they are, so what is checked here is the
+    order, the record and the verdict on unpaired rounds."""
+    reference = _wrapper(pytester.path / "reference-python")
+    run = run_user(SLEEPY_TEST, "--opt-rounds=10", f"--opt-ab={reference}", "--opt-ab-mode=blocks",
+                   "--opt-ab-fail=latency:20%", "--opt-report", conftest=SLEEPY_CONFTEST.format(slowed="reference"))
+    run.result.assert_outcomes(passed=1)
+    assert run.result.ret == pytest.ExitCode.OK, run.result.stdout.str()
+    ab = _ab(run, "test_sleepy")
+    assert ab["mode"] == "blocks"
+    assert ab["blocks"] == [["candidate", 5], ["reference", 10], ["candidate", 5]]
+    assert ab["swap_s"] == 0.0  # a CPU device: nowhere to move the waiting model to
+    assert ab["optimized"]["rounds"] == 10 and len(ab["optimized"]["latency_samples_s"]) == 10
+    assert ab["verdict"] == "improved", ab
+    assert ab["figures"]["latency"]["change_pct"] < -25
+    assert ab["similarity"]["kl_mean"] < 1e-6 and ab["similarity"]["top1"] == 1.0
+    assert any("alternating blocks of 5" in note and "unpaired" in note for note in run.test("test_sleepy")["notes"])
+    run.result.stdout.fnmatch_lines(["*rounds in alternating blocks*"])
+
+
+def test_blocks_mode_with_a_model_that_cannot_move_runs_without_its_ab_and_says_why(run_user, pytester):
+    reference = _wrapper(pytester.path / "reference-python")
+    source = '''
+import pytest
+
+@pytest.mark.optimization("quanto_int8")
+def test_quanto(opt_bench):
+    opt_bench(max_new_tokens=3)
+'''
+    run = run_user(source, f"--opt-ab={reference}", "--opt-ab-mode=blocks")
+    run.result.assert_outcomes(passed=1)
+    row = run.test("test_quanto")
+    assert "ab" not in row or row["ab"] is None
+    assert any("no A/B for this test: --opt-ab-mode=blocks" in note and "cannot wait on the CPU" in note
+               and "quantized (quanto)" in note for note in row["notes"]), row["notes"]
+
+
+def test_a_bad_ab_mode_is_a_usage_error_naming_the_accepted_modes(pytester):
+    pytester.makepyfile(test_user=ONE_TEST)
+    result = pytester.runpytest("--opt-ab-mode=sometimes")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--opt-ab-mode*'sometimes' is not an A/B mode; accepted: auto, interleaved, blocks*"])
