@@ -5,8 +5,9 @@ prints one recommended optimization with its configuration, documentation, trade
 compatibility questions and a validation test. ``pytest-opt merge`` joins the JSON reports of many
 shards into one, and can gate it against an earlier report as ``--opt-compare-fail`` does (exit 1 on
 a regression). ``pytest-opt history`` finds and dates the change points of a folder written by
-``--opt-history`` (or writes it as Otava's CSV). Bad input exits with status 2 and one line on stderr that
-names the option (or the file) and the accepted forms.
+``--opt-history`` (or writes it as Otava's CSV). ``pytest-opt init`` writes a starter test file, the
+plugin's settings and the GPU gate workflow into a project (``scaffold``). Bad input exits with status 2
+and one line on stderr that names the option (or the file) and the accepted forms.
 """
 
 from __future__ import annotations
@@ -98,7 +99,39 @@ def build_parser() -> argparse.ArgumentParser:
                              "decide the next step")
     _add_merge(commands)
     _add_history(commands)
+    _add_init(commands)
     return parser
+
+
+def _add_init(commands: Any) -> None:
+    init = commands.add_parser(
+        "init",
+        help="write a starter test file, the plugin's settings and the GPU gate workflow into a project",
+        description=textwrap.fill(
+            "Write into the project's folder: tests/test_optimizations.py (one test for each of the 3 changes the "
+            "advisor picks for the model, budgets not yet measured left as comments), the plugin's settings (a "
+            "[tool.pytest.ini_options] table appended to pyproject.toml, else a pytest.ini) and "
+            ".github/workflows/gpu-gate.yml. Then run pytest there.", 79),
+        epilog=textwrap.fill(
+            "Exit status: 0 written; 1 refused: a target exists, or pytest settings exist elsewhere (each named "
+            "on stderr), and nothing was written; 2 bad usage (one line naming the option and the accepted "
+            "forms).", 79),
+    )
+    init.add_argument("--model", metavar="NAME",
+                      help="the model the tests load: a built-in model (default tiny-random-llama), a model folder "
+                           "with config.json, or a hub id in the local cache")
+    init.add_argument("--gpu-memory", metavar="SIZE",
+                      help=f"GPU memory the model may use, for the advisor's picks and max_memory budgets: "
+                           f"{SIZE_FORMS}")
+    init.add_argument("--directory", metavar="DIR", default=".",
+                      help="the project's folder (created when missing). Default: the current folder")
+    init.add_argument("--dry-run", action="store_true", help="print each path and its content; write nothing")
+
+
+def run_init(args: argparse.Namespace) -> int:
+    from .scaffold import init_project  # lazy: the other commands never need it
+
+    return init_project(args.model, _size(args.gpu_memory, "--gpu-memory"), args.directory, args.dry_run)
 
 
 def _add_merge(commands: Any) -> None:
@@ -473,7 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        commands = {"merge": run_merge, "history": run_history, "advise": run_advise}
+        commands = {"merge": run_merge, "history": run_history, "advise": run_advise, "init": run_init}
         return commands[args.command](args)
     except OptConfigError as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message held

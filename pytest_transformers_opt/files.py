@@ -87,6 +87,21 @@ def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
         raise
 
 
+def create_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
+    """Write a NEW file as ``write_atomic`` does, but never replace one: ``FileExistsError`` when ``path``
+    exists, even one created a moment ago by another process (the complete temporary file is hard-linked
+    to its name, which fails on an existing name)."""
+    path = Path(path).expanduser()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent.resolve()))
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode("utf-8") if isinstance(text, str) else text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.link(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 # ------------------------------------------------------------------------------------------ reading
 
 

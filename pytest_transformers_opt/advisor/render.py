@@ -77,16 +77,49 @@ def _q(text: str) -> str:
     return json.dumps(text)
 
 
+def model_marker_args(plan: ValidationPlan) -> str:
+    """The arguments of the ``opt_model`` marker that loads the plan's model: ``"NAME", dtype="float32"``."""
+    model_args = [_q(plan.model)]
+    if plan.revision:
+        model_args.append(f"revision={_q(plan.revision)}")
+    model_args.append(f"dtype={_q(plan.dtype)}")
+    return ", ".join(model_args)
+
+
+def prompts_lines(plan: ValidationPlan, name: str = "PROMPTS") -> list[str]:
+    """A module constant of ``plan.num_prompts`` prompts of about ``plan.input_tokens`` tokens each."""
+    sentences = max(1, plan.input_tokens // TOKENS_PER_SENTENCE)
+    indent = " " * (len(name) + 4)
+    return [
+        f"# ~{plan.input_tokens} tokens per prompt",
+        f"{name} = [f\"Request {{i}}: \" + \" \".join([{_q(SENTENCE)}] * {sentences})",
+        f"{indent}for i in range({plan.num_prompts})]",
+    ]
+
+
+def bench_test_lines(advice: Advice, name: str = "test_recommended_change", prompts: str = "PROMPTS",
+                     before_def: tuple[str, ...] = (), docstring: str | None = None) -> list[str]:
+    """One ``opt_bench`` test of the advice's configuration and budgets (its markers, then the function);
+    ``before_def``: comment lines between the markers and ``def``."""
+    plan = advice.test
+    if plan is None or not advice.configuration:
+        raise ValueError("this advice has no configuration to validate")
+    lines = []
+    if plan.baseline:
+        lines.append(f"@pytest.mark.opt_baseline({', '.join(change.marker_arg() for change in plan.baseline)})")
+    lines += [advice.marker_line(), *before_def, f"def {name}(opt_bench):"]
+    if docstring:
+        lines.append(f'    """{docstring}"""')
+    lines.append(f"    opt_bench(prompts={prompts}, max_new_tokens={plan.max_new_tokens}, "
+                 f"batch_size={plan.batch_size})")
+    return lines
+
+
 def validation_test_source(advice: Advice) -> str:
     """The validation test: a pytest file that the plugin runs (``pytest PATH --opt-report``)."""
     plan: ValidationPlan | None = advice.test
     if plan is None or not advice.configuration:
         raise ValueError("this advice has no configuration to validate")
-    model_args = [_q(plan.model)]
-    if plan.revision:
-        model_args.append(f"revision={_q(plan.revision)}")
-    model_args.append(f"dtype={_q(plan.dtype)}")
-    sentences = max(1, plan.input_tokens // TOKENS_PER_SENTENCE)
     lines = [
         f'"""Validation test written by `pytest-opt advise`: {advice.title}.',
         "",
@@ -98,20 +131,12 @@ def validation_test_source(advice: Advice) -> str:
         "",
         "from pytest_transformers_opt import techniques  # noqa: F401  (used by techniques.NAME(...) markers)",
         "",
-        f"pytestmark = pytest.mark.opt_model({', '.join(model_args)})",
+        f"pytestmark = pytest.mark.opt_model({model_marker_args(plan)})",
         "",
-        f"# ~{plan.input_tokens} tokens per prompt",
-        f"PROMPTS = [f\"Request {{i}}: \" + \" \".join([{_q(SENTENCE)}] * {sentences})",
-        f"           for i in range({plan.num_prompts})]",
+        *prompts_lines(plan),
         "",
         "",
-    ]
-    if plan.baseline:
-        lines.append(f"@pytest.mark.opt_baseline({', '.join(change.marker_arg() for change in plan.baseline)})")
-    lines += [
-        advice.marker_line(),
-        "def test_recommended_change(opt_bench):",
-        f"    opt_bench(prompts=PROMPTS, max_new_tokens={plan.max_new_tokens}, batch_size={plan.batch_size})",
+        *bench_test_lines(advice),
         "",
     ]
     return "\n".join(lines)

@@ -1,0 +1,223 @@
+"""``pytest-opt init``: plan the files, refuse when any target exists, else write them all or none.
+
+What is written into the project's folder:
+
+- ``tests/test_optimizations.py``: the starter tests (``starter.py``);
+- the settings: a ``[tool.pytest.ini_options]`` table appended to ``pyproject.toml`` when there is one
+  without pytest settings, else a new ``pytest.ini``. Any pytest settings already there (``pytest.ini``,
+  ``.pytest.ini``, a pytest table in ``pyproject.toml``, ``[pytest]`` in ``tox.ini``, ``[tool:pytest]`` in
+  ``setup.cfg``) are a refusal: a new file would take precedence over them and silently change how pytest
+  runs, so the user adds the keys there (``--dry-run`` prints them);
+- ``.github/workflows/gpu-gate.yml``: the GPU gate (``templates.py``).
+
+All or nothing: every target is checked before anything is written; a new file is created without ever
+replacing one (``files.create_atomic``), the appended ``pyproject.toml`` is replaced atomically only if it
+still holds what was read, and a failure part-way undoes what this run wrote.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from ..advisor import ServingScenario
+from ..advisor.model_config import BUILTIN_DEFAULT
+from ..errors import OptConfigError
+from ..files import create_atomic, write_atomic
+from .starter import picks, starter_source
+from .templates import REPORT_JSON, STARTER_TEST, WORKFLOW, gpu_gate_workflow, pyproject_section, pytest_ini
+
+PROG = "pytest-opt init"
+# Files whose pytest settings a new pytest.ini or pyproject table would override: (name, section pattern).
+_OTHER_CONFIGS = (("tox.ini", r"^\s*\[pytest\]\s*$"), ("setup.cfg", r"^\s*\[tool:pytest\]\s*$"))
+_PYPROJECT_PYTEST = re.compile(r"^\s*\[\s*tool\s*\.\s*pytest\s*[\].]", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One file of the plan: created whole, or ``text`` appended to the ``original`` it holds now."""
+
+    path: str  # relative to the project folder, with "/"
+    text: str
+    original: str | None = None  # None: a new file
+
+    @property
+    def action(self) -> str:
+        return "create" if self.original is None else "append"
+
+
+class InitRefused(Exception):
+    """Targets that exist (or settings already there): nothing was written. One line per reason."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        super().__init__("; ".join(reasons))
+        self.reasons = reasons
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InitRefused([f"{path.name}: cannot be read ({exc})"]) from None
+
+
+def _pyproject_has_pytest(text: str) -> bool:
+    """A ``[tool.pytest]`` or ``[tool.pytest.ini_options]`` table (read from the headers: tomllib is not in
+    Python 3.10, and an unparsable file is pytest's to report)."""
+    return _PYPROJECT_PYTEST.search(text) is not None
+
+
+def plan_settings(root: Path, model: str) -> tuple[Planned, list[str]]:
+    """Where the settings go, and the reasons (if any) they cannot go anywhere without overriding others."""
+    conflicts = [f"{name}: exists and holds pytest's settings; add the keys there yourself (--dry-run prints them)"
+                 for name in ("pytest.ini", ".pytest.ini") if (root / name).exists()]
+    for name, pattern in _OTHER_CONFIGS:
+        if (root / name).is_file() and re.search(pattern, _read(root / name), re.MULTILINE):
+            conflicts.append(f"{name}: holds pytest's settings; a new file would override them: add the keys there "
+                             f"yourself (--dry-run prints them)")
+    pyproject = root / "pyproject.toml"
+    if pyproject.exists():
+        original = _read(pyproject)
+        if _pyproject_has_pytest(original):
+            conflicts.append("pyproject.toml: already has [tool.pytest.ini_options]; add the keys there yourself "
+                             "(--dry-run prints them)")
+        return Planned("pyproject.toml", pyproject_section(model), original), conflicts
+    return Planned("pytest.ini", pytest_ini(model)), conflicts
+
+
+def model_as_written(model: str, root: Path) -> str:
+    """The model as the files name it: a built-in name or hub id as given; a local folder (or its
+    config.json) relative to the project folder when inside it, else absolute."""
+    path = Path(model).expanduser()
+    if not path.exists():
+        return model
+    folder = (path.parent if path.is_file() else path).resolve()
+    try:
+        return folder.relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(folder)
+
+
+def _version() -> str | None:
+    try:
+        return importlib.metadata.version("pytest-transformers-opt")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def plan_project(root: Path, model: str, gpu_memory_bytes: int | None,
+                 out: TextIO) -> tuple[list[Planned], list[str], list[str]]:
+    """The files to write, the reasons not to, and the techniques picked (``OptConfigError``: bad --model)."""
+    written = model_as_written(model, root)
+    out.write(f"{PROG}: reading the config of {model} and asking the advisor ...\n")
+    out.flush()
+    chosen = picks(ServingScenario(model=model, gpu_memory_bytes=gpu_memory_bytes))
+    if not chosen:
+        raise OptConfigError(f"--model: the advisor proposes no change for {model}; nothing to write")
+    names = [pick.name for pick in chosen]
+    out.write(f"{PROG}: the advisor picks {', '.join(names)}\n")
+    settings, conflicts = plan_settings(root, written)
+    where = settings.path if settings.original is None else "pyproject.toml's [tool.pytest.ini_options]"
+    starter = Planned(STARTER_TEST, starter_source(written, chosen, gpu_memory_bytes,
+                                                   f"the settings in {where} print the report and write "
+                                                   f"{REPORT_JSON}"))
+    workflow = Planned(WORKFLOW, gpu_gate_workflow(names, _version(), STARTER_TEST.split("/")[0]))
+    planned = [starter, settings, workflow]
+    conflicts = [f"{item.path}: exists; it is not overwritten" for item in (starter, workflow)
+                 if (root / item.path).exists() or (root / item.path).is_symlink()] + conflicts
+    for item in planned:  # a file where a folder must be (tests, .github) blocks the writing too
+        for parent in Path(item.path).parents:
+            if str(parent) != "." and (root / parent).exists() and not (root / parent).is_dir():
+                conflicts.append(f"{parent.as_posix()}: exists and is not a folder")
+    return planned, list(dict.fromkeys(conflicts)), names
+
+
+def _undo(root: Path, done: list[Planned], made: list[Path]) -> None:
+    for item in reversed(done):
+        target = root / item.path
+        if item.original is None:
+            target.unlink(missing_ok=True)
+        else:
+            write_atomic(target, item.original)
+    for folder in reversed(made):
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+
+
+def write_planned(root: Path, planned: list[Planned]) -> None:
+    """Write every planned file, or none (``InitRefused`` or ``OSError`` after undoing this run's writes)."""
+    done: list[Planned] = []
+    made: list[Path] = []
+    try:
+        for item in planned:
+            target = root / item.path
+            for folder in reversed([target.parent, *target.parent.parents]):
+                if not folder.exists():
+                    folder.mkdir()
+                    made.append(folder)
+            if item.original is None:
+                try:
+                    create_atomic(target, item.text)
+                except FileExistsError:
+                    raise InitRefused([f"{item.path}: appeared while writing; it is not overwritten"]) from None
+            else:
+                if _read(target) != item.original:
+                    raise InitRefused([f"{item.path}: changed while writing; it is left as it is"])
+                write_atomic(target, item.original + ("" if item.original.endswith("\n") or not item.original
+                                                      else "\n") + ("\n" if item.original else "") + item.text)
+            done.append(item)
+    except BaseException:
+        _undo(root, done, made)
+        raise
+
+
+def show(planned: list[Planned], out: TextIO) -> None:
+    """--dry-run: every path and what would be written there."""
+    for item in planned:
+        what = "new file" if item.action == "create" else "appended to the end"
+        out.write(f"\n=== {item.path} ({what}) ===\n{item.text}")
+
+
+def init_project(model: str | None, gpu_memory_bytes: int | None, directory: str, dry_run: bool,
+                 out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """``pytest-opt init``; returns the exit status: 0 written (or shown), 1 refused (nothing written).
+    Bad options raise ``OptConfigError`` naming the option (the command line's exit status 2). ``out`` and
+    ``err``: the streams (default: ``sys.stdout`` and ``sys.stderr`` at the call)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    root = Path(directory).expanduser()
+    if root.exists() and not root.is_dir():
+        raise OptConfigError(f"--directory: {directory!r} is not a folder; give the project's folder (created when "
+                             f"missing)")
+    model = model or BUILTIN_DEFAULT
+    planned, conflicts, names = plan_project(root, model, gpu_memory_bytes, out)
+    if dry_run:
+        out.write(f"{PROG}: --dry-run: what would be written into {root.resolve()} (nothing is written)\n")
+        show(planned, out)
+    if conflicts:
+        err.write(f"{PROG}: refused, nothing {'would be ' if dry_run else ''}written in {root.resolve()}:\n")
+        err.write("".join(f"  {reason}\n" for reason in conflicts))
+        return 1
+    if dry_run:
+        return 0
+    try:
+        write_planned(root, planned)
+    except InitRefused as exc:
+        err.write(f"{PROG}: refused, nothing written in {root.resolve()}:\n")
+        err.write("".join(f"  {reason}\n" for reason in exc.reasons))
+        return 1
+    except OSError as exc:
+        raise OptConfigError(f"--directory: cannot write into {str(root)!r}: {exc.strerror or exc} (nothing was "
+                             f"written)") from None
+    for item in planned:
+        verb = "wrote" if item.original is None else "added [tool.pytest.ini_options] to"
+        out.write(f"{verb} {item.path}\n")
+    out.write(f"Next: run pytest in {root} (it runs the {len(names)} tests, prints the report and writes "
+              f"{REPORT_JSON}); commit the files, and give the GPU gate a self-hosted runner labelled gpu.\n")
+    return 0
