@@ -8,6 +8,11 @@ Why the tiny models are briefly trained: a purely random model has near-uniform 
 distributions, so any perturbation (8-bit weights, a quantized cache) flips greedy tokens and
 similarity verdicts mean nothing. A few hundred steps on a synthetic corpus give peaked
 distributions like a real LM's, so "lossless" and "lossy" techniques are judged as on real models.
+
+The trained models ship with the package (``builtin_models/``, made by ``scripts/build_builtin_models.py``
+with :func:`build_tiny_model`): a first use unpacks them into the cache in well under a second. A spec
+that the shipped files were not made for (another fingerprint) is trained here as before. The untrained
+``small-random-llama-100m`` is not shipped (350 MB): it is initialised, seeded, on first use.
 """
 
 from __future__ import annotations
@@ -18,16 +23,21 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..errors import OptConfigError
-from .progress import Work, estimate, long_work, projected_left
+from ..units import format_duration
+from .progress import Work, estimate, long_work, projected_left, say
 
-FACTORY_VERSION = 1
+# 2: untrained models are initialised on the meta device, once (other values than version 1's)
+FACTORY_VERSION = 2
 CACHE_ENV = "PYTEST_TRANSFORMERS_OPT_CACHE"
+WEIGHTS_FILE = "model.safetensors"
+DONE_FILE = "tiny_model.json"  # written last: marks a complete folder
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
 
@@ -218,14 +228,149 @@ def build_tiny_model(name: str, directory: str | os.PathLike[str], seed: int = 0
     config = _make_config(spec, vocab_size=vocab)
     torch.manual_seed(seed)
     with torch.random.fork_rng():
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         if spec.train_steps:
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
             _train_briefly(model, tokenizer, corpus, spec.train_steps, seed, on_step)
+        else:
+            model = _initialised_once(config)
     out = Path(directory)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    (out / "tiny_model.json").write_text(json.dumps({"name": name, "factory_version": FACTORY_VERSION,
-                                                     "fingerprint": _fingerprint(spec)}))
+    (out / DONE_FILE).write_text(json.dumps({"name": name, "factory_version": FACTORY_VERSION,
+                                             "fingerprint": _fingerprint(spec)}))
+    return out
+
+
+def _initialised_once(config: Any) -> Any:
+    """An untrained model with transformers' own initialisation (global RNG, seeded by the caller).
+
+    Built on the meta device and initialised once, where ``from_config`` on the CPU initialises every
+    weight twice (PyTorch's default, then the model's): 1 s for the 100M model on a busy 2-core machine,
+    whose first use then takes about 9 s, most of it writing 350 MB. Non-persistent buffers (rotary
+    tables) are left as they come: only the saved weights are used, and a load recomputes them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.to_empty(device="cpu")
+    model.init_weights()
+    return model.eval()
+
+
+# -- the shipped models ---------------------------------------------------------------------------------
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "builtin_models"  # package data
+SHIPPED_MANIFEST = "manifest.json"
+# float16: half of float32's bytes, with 3 more mantissa bits than bfloat16 (the trained weights are far
+# from float16's range limits); unpacking upcasts them to float32, the dtype a built model has
+SHIPPED_DTYPE = "float16"
+SHIPPED_MODEL_FILES = ("config.json", "generation_config.json")
+SHIPPED_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # stored once: every model's is the same
+UNPACK_ANNOUNCE_AFTER_S = 5.0  # unpacking takes well under a second; a slower one gets the progress lines
+
+
+def shipped_manifest(root: Path = SHIPPED_DIR) -> dict[str, Any]:
+    """What ``scripts/build_builtin_models.py`` wrote: the factory version, the weights' dtype and, under
+    ``models``, each shipped model's spec fingerprint and weights' sha256. Empty without shipped data."""
+    try:
+        data = json.loads((root / SHIPPED_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def spec_fingerprint(name: str) -> str:
+    """The fingerprint of a built-in model's current spec (and factory version): its cache folder's suffix,
+    and what a shipped model must have been made for."""
+    return _fingerprint(_spec_for(name))
+
+
+def shipped_entry(name: str, root: Path = SHIPPED_DIR) -> dict[str, Any] | None:
+    """The manifest entry of ``name``'s shipped files when they were made for its current spec, else None
+    (it is then built here: a spec changed since, e.g. a test that patches ``train_steps``)."""
+    models = shipped_manifest(root).get("models")
+    entry = models.get(name) if isinstance(models, dict) else None
+    if (isinstance(entry, dict) and entry.get("fingerprint") == spec_fingerprint(name)
+            and (root / name / WEIGHTS_FILE).is_file()):
+        return entry
+    return None
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def pack_tiny_model(built: Path, root: Path, *, replace_tokenizer: bool = False) -> dict[str, Any]:
+    """Store a model that :func:`build_tiny_model` built into ``built`` under ``root`` as shipped: its
+    weights in ``SHIPPED_DTYPE``, its config files, and the tokenizer once for every model (a ValueError
+    when it differs from the one there, unless ``replace_tokenizer``). Returns its manifest entry."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    record = json.loads((built / DONE_FILE).read_text(encoding="utf-8"))
+    name, dtype = record["name"], getattr(torch, SHIPPED_DTYPE)
+    packed: dict[str, Any] = {}
+    for key, tensor in load_file(built / WEIGHTS_FILE).items():
+        if tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+            if not bool(torch.isfinite(tensor).all()):
+                raise ValueError(f"{name}: {key} does not fit in {SHIPPED_DTYPE}; store the models in bfloat16")
+        packed[key] = tensor.contiguous()
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(packed, folder / WEIGHTS_FILE, metadata={"format": "pt"})
+    for file in SHIPPED_MODEL_FILES:
+        shutil.copyfile(built / file, folder / file)
+    for file in SHIPPED_TOKENIZER_FILES:
+        there = root / file
+        if there.is_file() and there.read_bytes() != (built / file).read_bytes() and not replace_tokenizer:
+            raise ValueError(f"{name}: its {file} differs from the shipped one, which the other models use; "
+                             f"rebuild them all (scripts/build_builtin_models.py with no names)")
+        shutil.copyfile(built / file, there)
+    return {"fingerprint": record["fingerprint"], "weights_sha256": _sha256(folder / WEIGHTS_FILE)}
+
+
+def build_environment() -> dict[str, str]:
+    """What the trained bytes depend on beyond the spec: a rebuild reproduces the shipped files only with
+    these (training is chaotic: another CPU's or torch's rounding gives another model; transformers writes
+    its version into config.json)."""
+    import tokenizers
+    import torch
+    import transformers
+
+    return {"torch": str(torch.__version__), "transformers": str(transformers.__version__),
+            "tokenizers": str(tokenizers.__version__), "cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
+
+
+def write_shipped_manifest(root: Path, models: dict[str, dict[str, Any]]) -> Path:
+    """The manifest of the models shipped under ``root`` (entries from :func:`pack_tiny_model`)."""
+    path = root / SHIPPED_MANIFEST
+    path.write_text(json.dumps({"factory_version": FACTORY_VERSION, "dtype": SHIPPED_DTYPE,
+                                "built_with": build_environment(), "models": dict(sorted(models.items()))},
+                               indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def unpack_tiny_model(name: str, directory: str | os.PathLike[str], root: Path = SHIPPED_DIR) -> Path:
+    """Assemble the shipped model ``name`` into ``directory`` as :func:`build_tiny_model` would have saved
+    it: float32 safetensors, config and tokenizer files, the done file."""
+    from safetensors.torch import load_file, save_file
+
+    entry = shipped_entry(name, root)
+    if entry is None:
+        raise OptConfigError(f"no shipped weights for the current spec of built-in model {name!r} in {root}")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = load_file(root / name / WEIGHTS_FILE)
+    save_file({key: tensor.float() if tensor.is_floating_point() else tensor for key, tensor in tensors.items()},
+              out / WEIGHTS_FILE, metadata={"format": "pt"})
+    for file in SHIPPED_MODEL_FILES:
+        shutil.copyfile(root / name / file, out / file)
+    for file in SHIPPED_TOKENIZER_FILES:
+        shutil.copyfile(root / file, out / file)
+    (out / DONE_FILE).write_text(json.dumps({"name": name, "factory_version": FACTORY_VERSION,
+                                             "fingerprint": entry["fingerprint"],
+                                             "shipped_weights_sha256": entry["weights_sha256"]}))
     return out
 
 
@@ -245,13 +390,29 @@ def build_estimate_s(spec: TinyModelSpec) -> float:
 
 def _build_detail(spec: TinyModelSpec, final: Path) -> str:
     # what the estimate assumes is said: on a busy machine the build took 918 s against "about 40 s"
+    why = "" if spec.train_steps == 0 else (
+        "; trained here: the package ships no weights for this spec (scripts/build_builtin_models.py makes them)")
     return (f"first use on this machine, {estimate(build_estimate_s(spec), 'an idle machine')}; cached in "
-            f"{final.parent} for later runs, the {CACHE_ENV} variable moves it")
+            f"{final.parent} for later runs, the {CACHE_ENV} variable moves it{why}")
 
 
 def ensure_tiny_model(name: str) -> Path:
-    """The folder of a built-in model, building it on first use; safe across processes."""
+    """The folder of a built-in model, unpacked from the package or built on first use; safe across processes."""
     spec = _spec_for(name)
+    entry = shipped_entry(name)
+    if entry is not None:
+        # named for the shipped weights too: every machine uses those, never an older build of the spec
+        final = cache_root() / f"{name}-{_fingerprint(spec)}-{entry['weights_sha256'][:8]}"
+
+        def unpack(staging: Path, work: Work) -> None:
+            started = time.perf_counter()
+            unpack_tiny_model(name, staging)
+            if not work.announced:
+                say(f"built-in model {name} unpacked into {final.parent} in "
+                    f"{format_duration(time.perf_counter() - started)} (first use on this machine)")
+
+        return build_once(final, DONE_FILE, f"unpacking built-in model {name}", f"cached in {final.parent}", unpack,
+                          after_s=UNPACK_ANNOUNCE_AFTER_S)
     final = cache_root() / f"{name}-{_fingerprint(spec)}"
 
     def build(staging: Path, work: Work) -> None:
@@ -260,7 +421,7 @@ def ensure_tiny_model(name: str) -> Path:
 
         build_tiny_model(name, staging, on_step=on_step)
 
-    return build_once(final, "tiny_model.json", f"building built-in model {name}", _build_detail(spec, final), build)
+    return build_once(final, DONE_FILE, f"building built-in model {name}", _build_detail(spec, final), build)
 
 
 @contextmanager
@@ -277,9 +438,11 @@ def _build_lock(final: Path) -> Iterator[None]:
         yield
 
 
-def build_once(final: Path, done_file: str, what: str, detail: str, build: Callable[[Path, Work], None]) -> Path:
+def build_once(final: Path, done_file: str, what: str, detail: str, build: Callable[[Path, Work], None],
+               after_s: float = 0.0) -> Path:
     """``final``, built by ``build(staging, work)`` on first use (its ``work.status`` feeds the progress
-    lines); ``done_file``, written by ``build``, marks a complete folder.
+    lines, announced at once or, with ``after_s``, only if still running by then); ``done_file``, written
+    by ``build``, marks a complete folder.
 
     Safe across processes: built in a staging folder next to ``final`` and renamed into place, so no
     process ever sees half a folder, and a process that waited for another's build uses its result.
@@ -292,7 +455,7 @@ def build_once(final: Path, done_file: str, what: str, detail: str, build: Calla
             return final
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
-            with long_work(what, detail=detail) as work:
+            with long_work(what, detail=detail, after_s=after_s) as work:
                 build(staging, work)
             try:
                 os.replace(staging, final)  # atomic on one filesystem; loses the race harmlessly
