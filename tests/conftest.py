@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import importlib
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -127,3 +131,68 @@ def run_user(pytester: pytest.Pytester) -> Callable[..., UserRun]:
         return UserRun(result, report)
 
     return run
+
+
+# One `pytest -n 2` session over a small project, run once per suite run (under the suite's own xdist too) and
+# inspected by the xdist tests of test_gating.py, test_benchmark_export.py and test_history.py: each inner worker
+# is a fresh process importing torch and transformers (tens of seconds on the loaded 2 cores), so the three
+# sessions they ran became one, with every output they look at.
+XDIST_PROJECT = '''
+import pytest
+
+@pytest.mark.optimization("sdpa")
+def test_sdpa(opt_bench):
+    opt_bench(max_new_tokens=3)
+
+@pytest.mark.parametrize("tokens", [3])
+@pytest.mark.optimization("static_cache")
+def test_static(opt_bench, tokens):
+    opt_bench(max_new_tokens=tokens)
+
+@pytest.mark.optimization("flash_attention_2")
+def test_skipped_on_cpu(opt_bench):
+    opt_bench()
+
+@pytest.mark.optimization("bnb_8bit")
+def test_8bit(opt_bench):
+    opt_bench(max_new_tokens=3)
+'''
+XDIST_ROUNDS = 2
+XDIST_ARGS = ("-n", "2", "-p", "no:cacheprovider", f"--opt-rounds={XDIST_ROUNDS}", "--opt-warmup=0",
+              "--opt-report-json=report.json", "--opt-report", "--benchmark-json=benchmark.json", "--opt-history=runs")
+
+
+class XdistRun:
+    """The session's project folder (test_user.py, report.json, benchmark.json, runs/) and its pytest result."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        done = json.loads((folder / "result.json").read_text())
+        self.result = pytest.RunResult(done["ret"], done["stdout"].splitlines(), done["stderr"].splitlines(),
+                                       done["duration"])
+
+
+@pytest.fixture(scope="session")
+def xdist_run(tmp_path_factory: pytest.TempPathFactory) -> XdistRun:
+    """``pytest`` + :data:`XDIST_ARGS` over :data:`XDIST_PROJECT` in a subprocess, as pytester runs one (its
+    environment made as :func:`_hermetic_inner_runs` makes it), made by the first test that asks."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the outer session's workers share it: the other one waits, then reads it
+    folder = shared / "xdist-run"
+    with open(shared / "xdist-run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "result.json").exists():
+            folder.mkdir(exist_ok=True)
+            (folder / "test_user.py").write_text(XDIST_PROJECT)
+            env = {key: value for key, value in os.environ.items()
+                   if not key.startswith(("PYTEST_OPT_", "PYTEST_XDIST_", "PYTEST_ADDOPTS"))}
+            env.update({tiny_models.CACHE_ENV: _MODEL_CACHE, "PYTEST_ADDOPTS": INNER_ADDOPTS,
+                        "PYTEST_OPT_CPU_THREADS": "1", "HOME": str(folder), "PY_COLORS": "0"})
+            start = time.monotonic()
+            done = subprocess.run([sys.executable, "-m", "pytest", f"--basetemp={folder / 'basetemp'}", *XDIST_ARGS],
+                                  cwd=folder, env=env, capture_output=True, text=True, timeout=600, check=False)
+            (folder / "result.json").write_text(json.dumps({"ret": done.returncode, "stdout": done.stdout,
+                                                            "stderr": done.stderr,
+                                                            "duration": time.monotonic() - start}))
+    return XdistRun(folder)

@@ -15,6 +15,11 @@ from pytest_benchmark.stats import Stats
 from pytest_transformers_opt.compat import benchmark_storage
 from pytest_transformers_opt.report.benchmark_export import side_name
 
+from conftest import XDIST_ROUNDS
+
+# one round, no warm-up, for the runs that check names, files and messages rather than the rounds' statistics
+CHEAP = ("--opt-rounds=1", "--opt-warmup=0")
+
 USER_TESTS = '''
 import pytest
 
@@ -48,7 +53,8 @@ def _saved_runs(root: Path) -> list[Path]:
 
 
 def test_two_benchmarks_per_test_in_json_and_autosave(run_user, pytester):
-    run = run_user(USER_TESTS, "--opt-rounds=3", "--benchmark-json=benchmark.json", "--benchmark-autosave")
+    run = run_user(USER_TESTS, "--opt-rounds=3", "--opt-warmup=0", "--benchmark-json=benchmark.json",
+                   "--benchmark-autosave")
     run.result.assert_outcomes(passed=2, skipped=1)
     benchmarks = _benchmarks(pytester.path / "benchmark.json")
     assert sorted(benchmarks) == ["test_user.py::test_sdpa[baseline]", "test_user.py::test_sdpa[optimized]",
@@ -80,7 +86,7 @@ def test_two_benchmarks_per_test_in_json_and_autosave(run_user, pytester):
 
 def test_pytest_benchmark_compare_reads_two_saved_runs(run_user, pytester):
     for _ in range(2):
-        run = run_user(USER_TESTS, "--benchmark-autosave", "-k", "sdpa")
+        run = run_user(USER_TESTS, *CHEAP, "--benchmark-autosave", "-k", "sdpa")
         run.result.assert_outcomes(passed=1, deselected=2)
     assert len(_saved_runs(pytester.path)) == 2
     compare = subprocess.run([str(Path(sys.executable).with_name("pytest-benchmark")), "compare", "--group-by=group",
@@ -93,7 +99,7 @@ def test_pytest_benchmark_compare_reads_two_saved_runs(run_user, pytester):
 
 
 def test_added_next_to_a_projects_own_benchmarks(run_user, pytester):
-    run = run_user(USER_TESTS + OWN_BENCHMARK, "--benchmark-json=benchmark.json")
+    run = run_user(USER_TESTS + OWN_BENCHMARK, *CHEAP, "--benchmark-json=benchmark.json")
     run.result.assert_outcomes(passed=3, skipped=1)
     names = [b["fullname"] for b in json.loads((pytester.path / "benchmark.json").read_text())["benchmarks"]]
     assert "test_user.py::test_own_benchmark" in names
@@ -105,14 +111,15 @@ def test_added_next_to_a_projects_own_benchmarks(run_user, pytester):
     assert "transformers-opt: Wrote benchmark data" not in run.result.stdout.str()
 
 
-def test_complete_under_xdist(pytester):
-    pytester.makepyfile(test_user=USER_TESTS)
-    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "--opt-rounds=2", "--opt-warmup=1",
-                                           "--benchmark-json=benchmark.json")
-    result.assert_outcomes(passed=2, skipped=1)
-    benchmarks = _benchmarks(pytester.path / "benchmark.json")
-    assert len(benchmarks) == 4
-    assert all(b["stats"]["rounds"] == 2 for b in benchmarks.values())
+def test_complete_under_xdist(xdist_run):
+    """Both inner workers' rounds in one file (the shared ``-n 2`` session of tests/conftest.py)."""
+    xdist_run.result.assert_outcomes(passed=3, skipped=1)
+    benchmarks = _benchmarks(xdist_run.folder / "benchmark.json")
+    assert sorted(benchmarks) == [f"test_user.py::{name}[{side}]" for name in ("test_8bit", "test_sdpa")
+                                  for side in ("baseline", "optimized")] + [
+        "test_user.py::test_static[3-baseline]", "test_user.py::test_static[3-optimized]"]
+    assert all(b["stats"]["rounds"] == XDIST_ROUNDS for b in benchmarks.values())
+    xdist_run.result.stdout.fnmatch_lines(["*transformers-opt: Wrote benchmark data in: benchmark.json*"])
 
 
 def test_a_failed_budget_still_exports_its_rounds_with_the_outcome(run_user, pytester):
@@ -122,7 +129,7 @@ import pytest
 @pytest.mark.optimization("sdpa", max_latency="1 ns")
 def test_too_strict(opt_bench):
     opt_bench(max_new_tokens=3)
-''', "--benchmark-json=benchmark.json")
+''', *CHEAP, "--benchmark-json=benchmark.json")
     run.result.assert_outcomes(failed=1)
     benchmarks = _benchmarks(pytester.path / "benchmark.json")
     assert {b["extra_info"]["outcome"] for b in benchmarks.values()} == {"failed"}
@@ -130,7 +137,7 @@ def test_too_strict(opt_bench):
 
 
 def test_benchmark_disable_writes_nothing(run_user, pytester):
-    run = run_user(USER_TESTS, "--benchmark-disable", "--benchmark-json=benchmark.json", "-k", "sdpa")
+    run = run_user(USER_TESTS, *CHEAP, "--benchmark-disable", "--benchmark-json=benchmark.json", "-k", "sdpa")
     run.result.assert_outcomes(passed=1, deselected=2)
     assert not (pytester.path / "benchmark.json").exists()
 
@@ -138,7 +145,7 @@ def test_benchmark_disable_writes_nothing(run_user, pytester):
 def test_an_unwritable_benchmark_storage_fails_the_run_cleanly(run_user, pytester):
     blocked = pytester.path / "not-a-folder"
     blocked.write_text("a file where the storage folder would go")
-    run = run_user(USER_TESTS, f"--benchmark-storage={blocked}", "--benchmark-save=run1", "-k", "sdpa")
+    run = run_user(USER_TESTS, *CHEAP, f"--benchmark-storage={blocked}", "--benchmark-save=run1", "-k", "sdpa")
     assert run.result.ret == pytest.ExitCode.TESTS_FAILED
     run.result.stdout.fnmatch_lines(["transformers-opt: could not write the pytest-benchmark data: [[]Errno *"])
     assert "Traceback" not in run.result.stdout.str()
@@ -161,7 +168,7 @@ def test_side_names_follow_pytests_parameter_ids(nodeid, side, expected):
 
 
 def test_runs_without_pytest_benchmark(run_user):
-    run = run_user(USER_TESTS, "-p", "no:benchmark", "-k", "sdpa")
+    run = run_user(USER_TESTS, *CHEAP, "-p", "no:benchmark", "-k", "sdpa")
     run.result.assert_outcomes(passed=1, deselected=2)
     assert run.test("test_sdpa")["optimized"]["latency_samples_s"]
 

@@ -7,6 +7,9 @@ import json
 
 import pytest
 
+# one round, no warm-up: these runs are about verdicts, notes and files, with latencies scaled 100x apart
+CHEAP = ("--opt-rounds=1", "--opt-warmup=0")
+
 SDPA_TEST = '''
 import pytest
 
@@ -28,10 +31,10 @@ def _scaled_report(run, factor: float, path) -> str:
 
 
 def test_compare_fails_the_run_on_a_regression_and_passes_on_an_improvement(run_user, pytester):
-    first = run_user(SDPA_TEST)
+    first = run_user(SDPA_TEST, *CHEAP)
     first.result.assert_outcomes(passed=1)
     much_faster_before = _scaled_report(first, 0.01, pytester.path / "old-fast.json")
-    regressed = run_user(SDPA_TEST, "--opt-report", f"--opt-compare={much_faster_before}",
+    regressed = run_user(SDPA_TEST, *CHEAP, "--opt-report", f"--opt-compare={much_faster_before}",
                          "--opt-compare-fail=latency:10%")
     regressed.result.assert_outcomes(passed=1)  # the test itself passed ...
     assert regressed.result.ret == pytest.ExitCode.TESTS_FAILED  # ... the run fails on the regression
@@ -40,7 +43,7 @@ def test_compare_fails_the_run_on_a_regression_and_passes_on_an_improvement(run_
     assert regressed.test("test_sdpa")["regression"]["verdict"] == "regressed"
 
     much_slower_before = _scaled_report(first, 100.0, pytester.path / "old-slow.json")
-    improved = run_user(SDPA_TEST, f"--opt-compare={much_slower_before}", "--opt-compare-fail=latency:10%")
+    improved = run_user(SDPA_TEST, *CHEAP, f"--opt-compare={much_slower_before}", "--opt-compare-fail=latency:10%")
     assert improved.result.ret == pytest.ExitCode.OK
     assert improved.test("test_sdpa")["regression"]["verdict"] == "improved"
 
@@ -64,14 +67,14 @@ def test_4bit(opt_bench):
 
 
 def test_stored_baselines_create_use_and_refuse_corrupt(run_user, pytester):
-    created = run_user(FOUR_BIT, "--opt-update-baselines")
+    created = run_user(FOUR_BIT, *CHEAP, "--opt-update-baselines")
     created.result.assert_outcomes(passed=1)
     files = sorted((pytester.path / ".opt-baselines").glob("*.json"))
     assert len(files) == 1
     stored = json.loads(files[0].read_text())
     assert stored["schema"] == "pytest-transformers-opt/baseline" and len(stored["tokens"]) == 3
 
-    used = run_user(FOUR_BIT)
+    used = run_user(FOUR_BIT, *CHEAP)
     used.result.assert_outcomes(passed=1)
     entry = used.test("test_4bit")
     assert any("similarity against the stored baseline" in note for note in entry["notes"])
@@ -81,12 +84,12 @@ def test_stored_baselines_create_use_and_refuse_corrupt(run_user, pytester):
     # a different fingerprint: similarity still from the file, speed and memory measured live
     stored["fingerprint"] = "device=cuda; gpu=NVIDIA H200"
     files[0].write_text(json.dumps(stored))
-    mismatch = run_user(FOUR_BIT)
+    mismatch = run_user(FOUR_BIT, *CHEAP)
     mismatch.result.assert_outcomes(passed=1)
     assert any("measured live" in note for note in mismatch.test("test_4bit")["notes"])
 
     files[0].write_text("{ not json")
-    corrupt = run_user(FOUR_BIT)
+    corrupt = run_user(FOUR_BIT, *CHEAP)
     corrupt.result.assert_outcomes(failed=1)
     corrupt.result.stdout.fnmatch_lines([f"*{files[0].name}*--opt-update-baselines*"])
     assert files[0].read_text() == "{ not json"  # never overwritten without the flag
@@ -94,40 +97,20 @@ def test_stored_baselines_create_use_and_refuse_corrupt(run_user, pytester):
 
 def test_a_missing_stored_baseline_says_how_to_create_it(run_user, pytester):
     (pytester.path / ".opt-baselines").mkdir()
-    run = run_user(FOUR_BIT)
+    run = run_user(FOUR_BIT, *CHEAP)
     run.result.assert_outcomes(passed=1)
     assert any("--opt-update-baselines" in note for note in run.test("test_4bit")["notes"])
 
 
-def test_reports_are_complete_under_xdist(pytester):
-    pytester.makepyfile(test_more='''
-import pytest
-
-@pytest.mark.optimization("sdpa")
-def test_a(opt_bench):
-    opt_bench(max_new_tokens=3)
-
-@pytest.mark.optimization("static_cache")
-def test_b(opt_bench):
-    opt_bench(max_new_tokens=3)
-
-@pytest.mark.optimization("flash_attention_2")
-def test_c(opt_bench):
-    opt_bench(max_new_tokens=3)
-
-@pytest.mark.optimization("bnb_8bit")
-def test_d(opt_bench):
-    opt_bench(max_new_tokens=3)
-''')
-    report = pytester.path / "r.json"
-    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "--opt-rounds=2", "test_more.py",
-                                           f"--opt-report-json={report}", "--opt-report")
-    result.assert_outcomes(passed=3, skipped=1)
-    data = json.loads(report.read_text())
-    assert sorted(t["nodeid"].split("::")[-1] for t in data["tests"]) == ["test_a", "test_b", "test_c", "test_d"]
+def test_reports_are_complete_under_xdist(xdist_run):
+    """The rows of both inner workers in one report (the shared ``-n 2`` session of tests/conftest.py)."""
+    xdist_run.result.assert_outcomes(passed=3, skipped=1)
+    data = json.loads((xdist_run.folder / "report.json").read_text())
+    assert sorted(t["nodeid"].split("::")[-1] for t in data["tests"]) == [
+        "test_8bit", "test_sdpa", "test_skipped_on_cpu", "test_static[3]"]
     assert data["summary"] == {"passed": 3, "failed": 0, "skipped": 1, "error": 0}
     assert all(t["optimized"] for t in data["tests"] if t["outcome"] == "passed")
-    result.stdout.fnmatch_lines(["*transformers optimization report*", "test_a*sdpa*passed*"])
+    xdist_run.result.stdout.fnmatch_lines(["*transformers optimization report*", "test_sdpa*sdpa*passed*"])
 
 
 def test_opt_bench_without_an_optimization_marker_is_an_error(run_user):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from browser import CHROMIUM, NEEDS_CHROMIUM, NETWORK_REFERENCE
+from conftest import XdistRun
 
 from pytest_transformers_opt.report import history
 from pytest_transformers_opt.report.schema import validate_report
@@ -223,15 +224,15 @@ def test_collect_only_and_bad_values_write_no_history(pytester: pytest.Pytester)
     assert not (pytester.path / "runs").exists()
 
 
-def test_xdist_writes_one_history_file_with_every_row(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_user=USER_TESTS)
-    result = pytester.runpytest_subprocess("-n", "2", *CHEAP, "--opt-history=runs")
-    result.assert_outcomes(passed=2)
-    files = _recorded(pytester.path / "runs")
+def test_xdist_writes_one_history_file_with_every_row(xdist_run: XdistRun) -> None:
+    """The shared ``-n 2`` session of tests/conftest.py (``--opt-history=runs``): one file, both workers' rows."""
+    xdist_run.result.assert_outcomes(passed=3, skipped=1)
+    files = _recorded(xdist_run.folder / "runs")
     assert len(files) == 1
     assert sorted(t["nodeid"] for t in _report(files[0])["tests"]) == [
-        "test_user.py::test_sdpa", "test_user.py::test_sdpa_again"]
-    assert result.stdout.str().count("run recorded in") == 1
+        "test_user.py::test_8bit", "test_user.py::test_sdpa", "test_user.py::test_skipped_on_cpu",
+        "test_user.py::test_static[3]"]
+    assert xdist_run.result.stdout.str().count("run recorded in") == 1
 
 
 # --------------------------------------------------------------------------- the trend charts
