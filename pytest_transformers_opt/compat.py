@@ -159,6 +159,100 @@ def attention_functions_wrapped(wrap: Callable[[str, Callable[..., Any]], Callab
                 ALL_ATTENTION_FUNCTIONS[key] = function
 
 
+# ---------------------------------------------------------------- transformers: MoE experts dispatch
+def experts_implementation(config: Any) -> str | None:
+    """The experts implementation a loaded model's config says it uses (``config._experts_implementation``)."""
+    return getattr(config, "_experts_implementation", None)
+
+
+def supports_experts_implementation(config: Any) -> bool | None:
+    """Whether the model class of ``config`` takes ``experts_implementation`` (transformers decides by finding
+    ``@use_experts_implementation`` in its module, ``_can_set_experts_implementation``); None when the class is
+    unknown, False on a transformers without the experts interface."""
+    cls = causal_lm_class(config)
+    if cls is None:
+        return None
+    check = getattr(cls, "_can_set_experts_implementation", None)
+    try:
+        return bool(check()) if check is not None else False
+    except Exception:  # its source cannot be read: transformers itself then refuses to set one
+        return False
+
+
+@contextlib.contextmanager
+def experts_dispatch_counted(counts: dict[str, int]) -> Iterator[None]:
+    """Count, by implementation name, every experts forward transformers dispatches to while the context is open
+    (``"eager"``: the model's own forward). The experts layers ask ``ALL_EXPERTS_FUNCTIONS.get_interface`` at each
+    call; a counting one shadows it on that object and is removed after."""
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    except ImportError:  # no experts interface: nothing dispatches, nothing to count
+        yield
+        return
+    interface = ALL_EXPERTS_FUNCTIONS
+    shadowed = "get_interface" in vars(interface)
+    previous = vars(interface).get("get_interface")
+    original = interface.get_interface
+
+    def get_interface(experts_implementation: Any, default: Callable[..., Any]) -> Callable[..., Any]:
+        function = original(experts_implementation, default)
+        key = "eager" if function is default else str(experts_implementation)
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            counts[key] = counts.get(key, 0) + 1
+            return function(*args, **kwargs)
+
+        return counting
+
+    interface.get_interface = get_interface
+    try:
+        yield
+    finally:
+        if shadowed:
+            interface.get_interface = previous
+        else:
+            del interface.get_interface
+
+
+GROUPED_MM_KERNEL = "torch grouped_mm kernel"  # the key grouped_mm_kernels_counted counts torch's grouped GEMM under
+
+
+@contextlib.contextmanager
+def grouped_mm_kernels_counted(counts: dict[str, int]) -> Iterator[None]:
+    """Count calls of torch's grouped GEMM (``torch.nn.functional.grouped_mm``, ``torch._grouped_mm``) under
+    ``GROUPED_MM_KERNEL``: transformers' grouped_mm experts call it by attribute at each step, or, where torch
+    cannot run it (a CPU torch <= 2.8, unaligned weights, a compiled non-bf16 graph), fall back to a loop of
+    their own without a word."""
+    import torch
+
+    # the one transformers calls: the public function where torch has it (it calls torch._grouped_mm itself)
+    owners = [(owner, name) for owner, name in ((torch.nn.functional, "grouped_mm"), (torch, "_grouped_mm"))
+              if hasattr(owner, name)][:1]
+    originals = [getattr(owner, name) for owner, name in owners]
+
+    def counted(function: Callable[..., Any]) -> Callable[..., Any]:
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            counts[GROUPED_MM_KERNEL] = counts.get(GROUPED_MM_KERNEL, 0) + 1
+            return function(*args, **kwargs)
+
+        return counting
+
+    for (owner, name), function in zip(owners, originals):
+        setattr(owner, name, counted(function))
+    try:
+        yield
+    finally:
+        for (owner, name), function in zip(owners, originals):
+            setattr(owner, name, function)
+
+
+def grouped_mm_in_torch() -> bool:
+    """Whether this torch has a grouped GEMM transformers' grouped_mm experts can call."""
+    import torch
+
+    return hasattr(torch.nn.functional, "grouped_mm") or hasattr(torch, "_grouped_mm")
+
+
 # ---------------------------------------------------------------- transformers: compiled forward
 def compiled_forward(model: Any) -> Any:
     """The compiled forward ``generate`` calls for a static cache (``model._compiled_call``), None before any."""

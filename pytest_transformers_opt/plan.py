@@ -21,7 +21,7 @@ from .markers import MarkedTest, read_markers
 from .options import Settings
 from .techniques import ProbeContext, Technique, TechniqueRegistry, check_stack
 from .techniques.base import checked_probe
-from .verdict.budgets import Budget, resolve_budgets, worst_quality
+from .verdict.budgets import Budget, drop_inapplicable, resolve_budgets, worst_quality
 
 
 @dataclass
@@ -79,18 +79,25 @@ def build_plan(item: pytest.Item, sources: PlanSources) -> TestPlan:
         path = resolve_model_path(marked.model)
     except RealModelUnavailable as exc:  # a package not installed here: a skip, with the install command
         pytest.skip(exc.reason)
-    # what the probes read is the config the model will load with: opt_model(..., layer_types=[...]) included
-    model_config = config_as_loaded(sources.model_config(marked.model, path), dict(marked.model.from_pretrained_kwargs))
-    dtype = marked.model.dtype or str(getattr(model_config, "dtype", None) or "float32").removeprefix("torch.")
-    ctx = ProbeContext(hardware=sources.hardware, model_config=model_config, dtype=dtype)
+    ctx = probe_context(sources.hardware, marked.model, sources.model_config(marked.model, path))
+    dtype = ctx.dtype
     distributions = not any(t.compares_tokens_only for t in optimized)
     budgets = resolve_budgets(marked.budgets, settings.ini_budgets,
                               worst_quality([t.quality for t in optimized + baseline]), dtype, distributions,
                               "@pytest.mark.optimization")
+    budgets = drop_inapplicable(budgets, {t.family for t in optimized}, "@pytest.mark.optimization")
     return TestPlan(nodeid=item.nodeid, marked=marked, model_path=path, probe_context=ctx,
                     baseline=Configuration(marked.model, baseline),
                     optimized=Configuration(marked.model, optimized),
                     declared=[t.label() for t in declared], budgets=budgets)
+
+
+def probe_context(hardware: HardwareInfo, request: ModelRequest, config: Any) -> ProbeContext:
+    """What the probes see of ``request``'s model: the config it will load with (``opt_model(...,
+    layer_types=[...])`` included) and its dtype (the request's, else the config's, else float32)."""
+    model_config = config_as_loaded(config, dict(request.from_pretrained_kwargs))
+    dtype = request.dtype or str(getattr(model_config, "dtype", None) or "float32").removeprefix("torch.")
+    return ProbeContext(hardware=hardware, model_config=model_config, dtype=dtype)
 
 
 def _stack_with_inheritance(baseline: list[Technique], declared: list[Technique]) -> list[Technique]:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .engine.model import LoadedModel, OptModel
     from .plan import Configuration, TestPlan
     from .report.writer import ReportWriter
-    from .techniques import TechniqueRegistry
+    from .techniques import ProbeContext, TechniqueRegistry
     from .engine.generation import GenerationRun
     from .engine.measure import PeakReading
 
@@ -180,12 +180,16 @@ class OptSession:
         return OptModel(loaded=loaded, techniques=side.techniques, generation=generation, request=side.request,
                         device=self.device, probe_context=plan.probe_context)
 
-    def technique_support(self) -> list[tuple[str, str, str | None]]:
-        """(name, summary, why not) for every technique, probed on this machine with no model."""
-        from .techniques.base import checked_probe
-        from .techniques import ProbeContext
+    def technique_support(self, model: ModelRequest | None = None) -> list[tuple[str, str, str | None]]:
+        """(name, summary, why not) for every technique, probed on this machine: with ``model``'s config, what a
+        test of that model would be skipped for (its column of the support matrix); with no model, what does
+        not depend on one."""
+        return self.probe_catalogue(self.catalogue_context(model))
 
-        ctx = ProbeContext(hardware=self.hardware, model_config=None, dtype="float32")
+    def probe_catalogue(self, ctx: ProbeContext) -> list[tuple[str, str, str | None]]:
+        """(name, summary, why not) for every technique of the registry, probed with ``ctx``."""
+        from .techniques.base import checked_probe
+
         rows = []
         for technique_class in self.registry.classes():
             try:
@@ -195,6 +199,23 @@ class OptSession:
                 reason = str(exc)
             rows.append((technique_class.name, technique_class.summary, reason))
         return rows
+
+    def catalogue_context(self, model: ModelRequest | None) -> ProbeContext:
+        """What ``--opt-techniques`` probes with: ``model``'s config as a test's plan reads it (a built-in model is
+        unpacked or built first, as for a test: its saved config is what the probes see), or no model."""
+        from .techniques import ProbeContext
+
+        if model is None:
+            return ProbeContext(hardware=self.hardware, model_config=None, dtype="float32")
+        from .engine.loading import resolve_model_path
+        from .engine.real_models import RealModelUnavailable
+        from .plan import probe_context
+
+        try:
+            config = self.model_config(model, resolve_model_path(model))
+        except RealModelUnavailable as exc:  # a test would skip; the listing cannot probe without the model
+            raise OptConfigError(f"{model.origin}: {model.name_or_path!r} is not available here: {exc.reason}") from None
+        return probe_context(self.hardware, model, config)
 
     def warm_up(self, session: pytest.Session) -> None:
         """Import torch and transformers before the first test when one will use the plugin's fixtures: out
@@ -435,12 +456,24 @@ class OptSession:
 
 
 def print_catalogue(config: pytest.Config, settings: Settings) -> int:
-    """``--opt-techniques``: every technique, whether this machine can run it, and why not."""
+    """``--opt-techniques``: every technique, whether this machine can run it, and why not; for the model chosen
+    by ``--opt-model`` (or its variable or ini key), whether this machine can run it on that model."""
+    from .engine.loading import ModelRequest
+
     session = OptSession(config, settings)
     hw = session.hardware
-    print(f"technique catalogue on {hw.describe()} (torch {hw.versions.get('torch')}, transformers "
-          f"{hw.versions.get('transformers')}):")
-    for name, summary, reason in session.technique_support():
+    source = settings.sources.get("model", "default")
+    model = None if source == "default" else ModelRequest(settings.model, origin=source)
+    versions = f"(torch {hw.versions.get('torch')}, transformers {hw.versions.get('transformers')})"
+    ctx = session.catalogue_context(model)
+    rows = session.probe_catalogue(ctx)
+    if model is None:
+        print(f"technique catalogue on {hw.describe()} {versions}:")
+    else:
+        arch = getattr(ctx.model_config, "model_type", None) or "unknown architecture"
+        print(f"technique catalogue for model {model.name_or_path} ({arch}, {ctx.dtype}; from {source}) on "
+              f"{hw.describe()} {versions}:")
+    for name, summary, reason in rows:
         status = "supported" if reason is None else f"unsupported: {reason}"
         print(f"  {name:<24} {summary}\n  {'':<24} -> {status}")
     return 0

@@ -19,7 +19,9 @@ from ..techniques.compilation import Compile
 from ..techniques.layer_kernels import Kernels
 from ..techniques.parallel import TensorParallel
 from ..techniques.quantization import WeightQuantization
+from ..techniques.moe import Experts
 from ..techniques.serving import ContinuousBatching
+from ..techniques.speculative import SpeculativeDecoding
 
 # The catalogue's families, under the names the advisor's stages use.
 ATTENTION = AttentionBackend.family
@@ -29,6 +31,8 @@ KERNELS = Kernels.family
 QUANTIZATION = WeightQuantization.family
 PARALLELISM = TensorParallel.family
 CONTINUOUS_BATCHING = ContinuousBatching.family
+EXPERTS = Experts.family
+SPECULATIVE_DECODING = SpeculativeDecoding.family
 
 _CATALOGUE: dict[str, type[Technique]] = {technique.name: technique for technique in BUILTIN_TECHNIQUES}
 # What --attention accepts by name; a hub attention kernel is given by its repo id instead.

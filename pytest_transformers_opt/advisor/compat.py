@@ -15,6 +15,8 @@ from typing import Any, Iterable
 
 from ..techniques.attention import FlashAttention2
 from ..techniques.caches import QuantizedCacheTechnique
+from ..techniques.moe import GROUPED_MM_MIN_CAPABILITY, Experts, grouped_mm_problem
+from ..techniques.speculative import SpeculativeDecoding
 from .change import Change, parse_technique, technique_class
 from .model_config import ModelShape
 from .workload import ServingScenario, capability_text, merge_hardware, parse_compute_capability
@@ -137,7 +139,42 @@ def compatibility_questions(workload: ServingScenario, techniques: Iterable[Chan
         elif name == "kernels":
             out.append("Does the hub offer a kernel for this GPU, and can the machine reach the hub or a "
                        "local kernel cache?")
+        elif name == Experts.name:
+            out += _experts_questions(str(change.params.get("implementation", "")), model, device, cc, versions)
+        elif technique is not None and technique.family == SpeculativeDecoding.family:
+            out.append(f"Does the serving code generate one sequence per call? transformers runs {name} at batch "
+                       f"size {technique.max_batch_size or 1} only.")
+            out.append("Is decoding greedy (do_sample=False)? Only then is the output the model's own token for "
+                       "token; under sampling it matches in distribution only.")
+            if name == "prompt_lookup":
+                out.append("Do the outputs repeat text of the prompt (summaries, answers quoting a document, code "
+                           "edits)? Prompt lookup proposes only n-grams the prompt holds; elsewhere it proposes "
+                           "little and saves nothing.")
+            else:
+                out.append(f"Is there a draft model several times smaller than {model} that shares its tokenizer "
+                           f"and vocabulary?")
     if not versions:
         out.append("Which torch and transformers versions run in production? Support for each technique "
                    "depends on them.")
     return list(dict.fromkeys(out))  # keep order, drop repeats
+
+
+def _experts_questions(implementation: str, model: str, device: str | None, cc: tuple[int, int] | None,
+                       versions: dict[str, str | None]) -> list[str]:
+    out = [f"Does the model class of {model} take experts_implementation (transformers' @use_experts_implementation) "
+           f"in transformers {versions.get('transformers') or '(version not given)'}?"]
+    if implementation == "grouped_mm":
+        torch_version = versions.get("torch")
+        problem = grouped_mm_problem(device or "cuda", cc, torch_version, device or "the GPU")
+        if problem:
+            out.append(f"{problem}.")
+        elif torch_version is None:
+            out.append("Is torch >= 2.9 installed where the model runs (grouped_mm calls torch's grouped GEMM)?")
+        elif device != "cpu" and cc is None:
+            where = "Is the GPU's" if device == "cuda" else "If it runs on a GPU, is its"
+            need = GROUPED_MM_MIN_CAPABILITY
+            out.append(f"{where} compute capability >= {capability_text(need)} (torch's grouped GEMM needs it)?")
+    elif implementation == "batched_mm":
+        out.append("batched_mm copies the selected experts' weights for every token: is there memory for that at "
+                   "the batch size and input length you run?")
+    return out

@@ -109,6 +109,28 @@ _TRADEOFFS: dict[str, list[str]] = {
         "Total memory across GPUs rises (sharding overhead), while each GPU holds 1/N of the weights.",
     ],
     "kernels": ["Output: lossless up to floating-point differences."],
+    "experts": [
+        "Output: the same sums in another order, lossless up to floating-point differences ({defaults}); in "
+        "half precision a router near a tie can send a token to another expert.",
+        "Memory: batched_mm copies the selected experts' weights for every token, so it grows with batch and "
+        "input length; grouped_mm and eager copy nothing.",
+        "Speed (the Experts backends page): grouped_mm is the pick on CPU and for large inputs on a GPU, "
+        "batched_mm for small inputs on a GPU; on CPU batched_mm is slower than eager.",
+    ],
+    "prompt_lookup": [
+        "Output: unchanged under greedy decoding: the model keeps only proposed tokens it would have chosen "
+        "itself ({defaults}).",
+        "Speed: gains only where the output repeats n-grams of the prompt; rejected proposals widen each "
+        "verification pass for nothing.",
+        "One sequence per generate call: transformers runs speculative decoding at batch size 1 only.",
+    ],
+    "assisted_decoding": [
+        "Output: unchanged under greedy decoding ({defaults}).",
+        "Memory: the draft model's weights and KV cache sit next to the model's.",
+        "Speed: set by the acceptance rate (reported); a draft that is too large or too unlike the model slows "
+        "decoding down.",
+        "One sequence per generate call: transformers runs speculative decoding at batch size 1 only.",
+    ],
 }
 
 

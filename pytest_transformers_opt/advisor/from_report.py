@@ -25,9 +25,9 @@ from .compat import compatibility_questions, flash_attention_capable
 from .docs import default_similarity, documentation_for, measurable, tradeoffs_for
 from .estimates import normalize_dtype, weight_bytes
 from .model_config import ModelShape, is_builtin_model, load_model_shape
-from .recommend import (apply_change, budgets_for, max_batch_tokens_for, recommend, size_literal, title_for,
-                        validation_plan)
-from .workload import ServingScenario, capability_text, resolve
+from .recommend import (apply_change, budgets_for, max_batch_tokens_for, recommend, size_literal, speed_lever,
+                        title_for, validation_plan)
+from .workload import ServingScenario, capability_text, merge_hardware, parse_compute_capability, resolve
 
 FROM_REPORT_REMEDY = "accepted: a report written by pytest --opt-report-json=PATH"
 MEMORY_BUDGETS = ("max_memory", "max_memory_ratio")
@@ -203,8 +203,17 @@ def _next_quality(stack: list[Change]) -> tuple[Change | None, str, list[Change]
                   f"numerical noise from a bug; no new technique is proposed."), stack
 
 
+def _speed_lever(stack: list[Change], shape: ModelShape | None, workload: ServingScenario,
+                 hardware: dict[str, Any] | None, concurrency: int) -> tuple[Change, str] | None:
+    """recommend.speed_lever with the facts a report and the stated workload give."""
+    merged = merge_hardware(workload, hardware)
+    device = merged.device or (str((hardware or {}).get("device") or "").split(":")[0] or None)
+    capability = parse_compute_capability(merged.compute_capability) if merged.compute_capability else None
+    return speed_lever(shape, stack, device, capability, merged.versions, workload.batch_size, concurrency)
+
+
 def _next_speed(stack: list[Change], workload: ServingScenario, hardware: dict[str, Any] | None,
-                concurrency: int, input_tokens: int) -> tuple[Change | None, str]:
+                concurrency: int, input_tokens: int, shape: ModelShape | None = None) -> tuple[Change | None, str]:
     names = {change.name for change in stack}
     attention = find(stack, ATTENTION)
     if concurrency > 1 and "continuous_batching" not in names:
@@ -212,6 +221,9 @@ def _next_speed(stack: list[Change], workload: ServingScenario, hardware: dict[s
                 f"{concurrency} concurrent requests: continuous batching raises throughput.")
     if attention is None or attention.name == "eager":
         return Change("sdpa"), "Attention still runs eagerly: sdpa is usually faster."
+    lever = _speed_lever(stack, shape, workload, hardware, concurrency)
+    if lever is not None and "continuous_batching" not in names:
+        return lever
     if "compile" not in names and "continuous_batching" not in names:
         return Change("compile"), "Next speed step: a static cache with torch.compile."
     if flash_attention_capable(workload, hardware) and attention.name != "flash_attention_2":
@@ -338,7 +350,7 @@ def _decide(test: dict[str, Any], stack: list[Change], shape: ModelShape | None,
         stage = "quality"
     elif any(name in SPEED_BUDGETS for name in failed):
         headline += f"; failed {', '.join(failed)}"
-        change, why = _next_speed(stack, derived, hardware, concurrency, derived.input_tokens or 512)
+        change, why = _next_speed(stack, derived, hardware, concurrency, derived.input_tokens or 512, shape)
         stage = "speed"
     elif outcome == "failed" and not failed and not _failed_in_the_test(test.get("error")):
         # the configuration itself raised (transformers refused it, a kernel failed): it cannot run as tested
@@ -357,6 +369,9 @@ def _decide(test: dict[str, Any], stack: list[Change], shape: ModelShape | None,
             change = Change("continuous_batching", {"max_batch_tokens": tokens})
             why = f"It passed; with {concurrency} concurrent requests continuous batching is the next step."
             stage = "concurrency"
+        elif derived.problem == "speed" and not find(stack, CONTINUOUS_BATCHING) \
+                and (lever := _speed_lever(stack, shape, derived, hardware, concurrency)) is not None:
+            change, why, stage = lever[0], f"It passed; the next speed step is {lever[0].label()}. {lever[1]}", "speed"
         elif derived.problem == "speed" and not find(stack, COMPILATION) and not find(stack, CONTINUOUS_BATCHING):
             change, why, stage = Change("compile"), "It passed; the next speed step is compile.", "speed"
         else:

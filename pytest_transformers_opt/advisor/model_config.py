@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import OptConfigError
 from ..files import read_json
+from ..techniques.moe import EXPERT_COUNT_FIELDS
 
 # Architectures whose MLP is a plain up/down projection (2 matrices), not Llama's gated gate/up/down.
 _NON_GATED = {"gpt2", "gpt_neo", "gpt_neox", "gptj", "opt", "phi", "falcon", "bloom", "codegen", "starcoder2"}
@@ -145,7 +146,7 @@ def shape_from_dict(raw: dict[str, Any], name: str, where: str | None = None) ->
         intermediate = 4 * hidden  # GPT-2 style configs leave n_inner as None meaning 4 x hidden
     kv_heads = _positive_int(raw, "num_key_value_heads", where) or heads
     head_dim = _positive_int(raw, "head_dim", where) or hidden // heads
-    experts = _positive_int(raw, "num_local_experts", where) or _positive_int(raw, "num_experts", where) or 1
+    experts = next((count for count in (_positive_int(raw, name, where) for name in EXPERT_COUNT_FIELDS) if count), 1)
     if experts > 1:
         notes.append(f"mixture of experts: all {experts} experts counted as resident in memory")
     window = raw.get("sliding_window")

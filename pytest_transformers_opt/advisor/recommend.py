@@ -17,9 +17,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..errors import OptConfigError
+from ..techniques.moe import grouped_mm_problem
+from ..techniques.speculative import PromptLookup
 from ..units import format_bytes
 from .advice import Advice, Figure, ValidationPlan
-from .change import ATTENTION, CACHING, COMPILATION, CONTINUOUS_BATCHING, Change, find, replace_family
+from .change import (ATTENTION, CACHING, COMPILATION, CONTINUOUS_BATCHING, EXPERTS, SPECULATIVE_DECODING, Change,
+                     find, replace_family)
 from .compat import compatibility_questions, flash_attention_capable
 from .docs import default_similarity, documentation_for, tradeoffs_for
 from .estimates import STAGES, StageEstimate, count_params, reserve_what, stage_estimates, weight_bytes
@@ -30,6 +33,8 @@ TINY_MAX_NEW_TOKENS = 16  # keeps the written test to seconds on CPU for built-i
 TINY_MAX_INPUT_TOKENS = 64
 MAX_TEST_PROMPTS = 64
 SPEED_BUDGET = 1.1  # min_speedup asked of a speed technique (not for tiny models: timing noise)
+SPEED_CHANGES = ("compile", "continuous_batching", "sdpa", "flash_attention_2", "kernels", "experts", "prompt_lookup",
+                 "assisted_decoding")  # the changes asked for that speedup
 
 
 @dataclass
@@ -164,9 +169,53 @@ def _for_concurrency(ctx: Context) -> Change:
     return Change("continuous_batching", {"max_batch_tokens": max_batch_tokens_for(ctx.resolved.input_tokens)})
 
 
+def experts_choice(device: str | None, compute_capability: tuple[int, int] | None,
+                   torch_version: str | None) -> str | None:
+    """The experts implementation to propose: grouped_mm, the Experts backends page's pick on CPU and for
+    prefill on a GPU (where transformers decodes with batched_mm itself), unless a known fact rules it out;
+    then batched_mm on a GPU (fastest for small inputs); None on a CPU (the page advises against batched_mm
+    there, and eager is what the baseline runs)."""
+    if grouped_mm_problem(device or "cuda", compute_capability, torch_version, device or "cuda") is None:
+        return "grouped_mm"
+    return None if device == "cpu" else "batched_mm"
+
+
+def speed_lever(shape: ModelShape | None, stack: list[Change], device: str | None,
+                compute_capability: tuple[int, int] | None, versions: dict[str, str | None],
+                batch_size: int | None, concurrency: int) -> tuple[Change, str] | None:
+    """A speed change to try before compile, with why: a mixture-of-experts model's experts implementation,
+    then speculative decoding when one sequence decodes at a time (``batch_size`` as stated: transformers
+    runs speculative decoding at batch size 1 only). None when neither applies."""
+    if shape is not None and shape.num_experts > 1 and find(stack, EXPERTS) is None:
+        implementation = experts_choice(device, compute_capability, versions.get("torch"))
+        if implementation is not None:
+            gpu = (" On a GPU transformers decodes with batched_mm under grouped_mm by itself (fastest for "
+                   "small inputs)." if implementation == "grouped_mm" and device != "cpu" else "")
+            return (Change("experts", {"implementation": implementation}),
+                    f"The model is a mixture of experts ({shape.num_experts} experts per MoE layer): the experts "
+                    f"implementation decides how their matmuls run. The baseline loops over the selected experts "
+                    f"(eager); {implementation} runs each projection of all tokens as one "
+                    f"{'grouped' if implementation == 'grouped_mm' else 'batched'} GEMM.{gpu}")
+    if batch_size is not None and batch_size <= (PromptLookup.max_batch_size or batch_size) and concurrency == 1 \
+            and find(stack, SPECULATIVE_DECODING) is None:
+        return (Change(PromptLookup.name),
+                "One sequence per generate call and one request at a time: decoding is latency-bound, one "
+                "forward pass per token. Speculative decoding checks several proposed tokens in one forward "
+                "pass and keeps the model's own greedy tokens; prompt_lookup proposes them from n-grams of the "
+                "prompt (no draft model). With a small draft model that shares the tokenizer, "
+                "assisted_decoding(assistant=...) is the other form.")
+    return None
+
+
 def _for_speed(ctx: Context) -> Change:
     if ctx.resolved.concurrency > 1:
         return _for_concurrency(ctx)
+    r = ctx.resolved
+    lever = speed_lever(ctx.shape, ctx.current, r.device, r.compute_capability, r.versions,
+                        r.workload.batch_size, r.concurrency)
+    if lever is not None:
+        ctx.notes.append(f"It fits (or memory is not the problem), so the next gain is speed. {lever[1]}")
+        return lever[0]
     ctx.notes.append("It fits (or memory is not the problem), so the next gain is speed: a static cache lets "
                      "generate() compile the forward pass.")
     return Change("compile")
@@ -189,6 +238,9 @@ TITLES = {
     "continuous_batching": "Serve requests with continuous batching",
     "tensor_parallel": "Split the model over several GPUs with tensor parallelism",
     "kernels": "Load optimized hub kernels (kernels)",
+    "experts": "Switch the mixture-of-experts forward (experts)",
+    "prompt_lookup": "Decode speculatively with prompt lookup (prompt_lookup)",
+    "assisted_decoding": "Decode speculatively with a draft model (assisted_decoding)",
 }
 
 
@@ -317,8 +369,7 @@ def budgets_for(stack: list[Change], change: Change | None, resolved: Resolved, 
     budgets: dict[str, Any] = {}
     if memory_goal and resolved.memory_limit_bytes is not None:
         budgets["max_memory"] = size_literal(resolved.memory_limit_bytes)
-    if change is not None and change.name in ("compile", "continuous_batching", "sdpa", "flash_attention_2",
-                                              "kernels") and not memory_goal and not tiny:
+    if change is not None and change.name in SPEED_CHANGES and not memory_goal and not tiny:
         budgets["min_speedup"] = SPEED_BUDGET
     budgets.update(default_similarity(stack, resolved.dtype))
     return budgets

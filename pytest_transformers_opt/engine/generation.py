@@ -20,6 +20,7 @@ from .measure import RoundTiming, now
 from .progress import long_work
 from .repeated_messages import said_once
 from ..techniques import RunEvidence
+from ..techniques.speculative import drafting
 
 if TYPE_CHECKING:
     from .model import OptModel
@@ -93,14 +94,15 @@ def generated_all(tokens: list[list[int]], max_new_tokens: int) -> bool:
 
 
 class _FirstTokenTimer:
-    """A no-op logits processor that notes when the first token's scores exist."""
+    """A no-op logits processor that notes when the first token's scores exist (the model's: calls made while a
+    speculative technique drafts are the draft's, or prompt lookup's check of its candidates)."""
 
     def __init__(self, device: str) -> None:
         self.device = device
         self.first_token_at: float | None = None
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
-        if self.first_token_at is None:
+        if self.first_token_at is None and not drafting():
             self.first_token_at = now(self.device)
         return scores
 
@@ -181,6 +183,8 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
 
     device, tokenizer, model = opt.device, opt.tokenizer, opt.model
     size = batch_size or len(prompts)
+    limits = [t.max_batch_size for t in opt.techniques if t.max_batch_size]
+    size = min([size, *limits])  # e.g. speculative decoding verifies one sequence at a time
     evidence = RunEvidence(requested=len(prompts), compiled=bool(opt.generation.compile))
     # one-time work the first generate call does (e.g. compiling), announced while it runs
     first_call_work = [w for w in (t.prepare_generation(model, opt.generation) for t in opt.techniques) if w]

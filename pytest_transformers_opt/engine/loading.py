@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ..compat import drop_compiled_forward, reset_compiled_graphs
+from ..compat import drop_compiled_forward, reset_compiled_graphs, supports_experts_implementation
 from ..errors import OptConfigError, OptLoadError, OptProofError
 from ..units import parse_dtype
 from .measure import file_mappings, release_file_pages, release_memory, track_peak_memory
 from .model import LoadedModel, weights_fingerprint
 from .progress import long_work
 from ..techniques import LoadSettings, ProbeContext, Technique
+from ..techniques.moe import BASELINE_IMPLEMENTATION
+from ..techniques.speculative import AssistedDecoding
 from .real_models import (check_gguf_folder, detach_gguf_quantizer, ensure_real_model, gguf_hint, gguf_kwargs,
                           gguf_load_route, is_real_model)
 from .tiny_models import ensure_tiny_model, is_tiny_model, tiny_model_config
@@ -225,11 +227,14 @@ def load_model(request: ModelRequest, path: str, load_techniques: list[Technique
     if request.dtype:
         settings.kwargs["dtype"] = parse_dtype(request.dtype, f"opt_model dtype for {request.name_or_path!r}")
     settings.kwargs.setdefault("attn_implementation", "eager")
+    if supports_experts_implementation(ctx.model_config):  # the reference experts loop, not transformers' pick
+        settings.kwargs.setdefault("experts_implementation", BASELINE_IMPLEMENTATION)
     for technique in load_techniques:
         technique.configure_load(settings, ctx)
     settings.kwargs["device_map"] = {"": device}
     weights_path = gguf_load_route(path, settings.kwargs)  # a GGUF: its converted copy, for every configuration
     labels = ", ".join(t.label() for t in load_techniques) or "as saved"
+    drafts = [(t, _draft_path(t)) for t in load_techniques if isinstance(t, AssistedDecoding)]
     # a tiny model loads in a second; a line only when this one takes long (big weights, a first
     # use of a quantization backend)
     with long_work(f"loading {request.name_or_path} [{labels}] on {device}", after_s=LOAD_ANNOUNCE_AFTER_S):
@@ -243,6 +248,9 @@ def load_model(request: ModelRequest, path: str, load_techniques: list[Technique
             model.eval()
             for technique in load_techniques:
                 technique.after_load(model)
+            # a draft model is part of the configuration's load time and memory
+            draft_models = [_load_draft(technique, draft_path, model, tokenizer, settings.kwargs)
+                            for technique, draft_path in drafts]
             if device == "cpu":  # the checkpoint pages the load read (to quantize them) but the model does not use
                 release_file_pages(mapped_before)
             # Weights whose dtype matches the checkpoint stay memory-mapped until touched: one forward
@@ -250,6 +258,8 @@ def load_model(request: ModelRequest, path: str, load_techniques: list[Technique
             with torch.inference_mode():
                 sample = tokenizer(["Hello"], return_tensors="pt").to(device)
                 model(**sample)
+                for draft in draft_models:
+                    draft(**sample)
         load_time = time.perf_counter() - start
     for technique in load_techniques:
         problem = technique.verify_loaded(model)
@@ -258,6 +268,27 @@ def load_model(request: ModelRequest, path: str, load_techniques: list[Technique
     return LoadedModel(key=key, model=model, tokenizer=tokenizer, path=path, load_time_s=load_time,
                        load_peak_bytes=reading.peak_delta_bytes, resident_bytes=reading.resident_delta_bytes,
                        memory_method=reading.method, load_techniques=tuple(t.label() for t in load_techniques))
+
+
+def _draft_path(technique: AssistedDecoding) -> str:
+    """The folder of ``assisted_decoding``'s draft; a built-in one is built here, before the load's clock starts."""
+    try:
+        return resolve_model_path(ModelRequest(technique.assistant, origin=f"{technique.name}(assistant=...)"))
+    except OptConfigError as exc:
+        raise OptConfigError(f"{technique.name}: assistant={technique.assistant!r}: {exc}") from exc
+
+
+def _load_draft(technique: AssistedDecoding, path: str, model: Any, tokenizer: Any, model_kwargs: dict[str, Any]) -> Any:
+    """``assisted_decoding``'s draft, loaded like the model (its dtype, attention, device), checked and attached
+    to it; the caller runs it once with the model, so that its weights are resident in the load's reading."""
+    from transformers import AutoModelForCausalLM
+
+    request = ModelRequest(technique.assistant, origin=f"{technique.name}(assistant=...)")
+    kwargs = {k: model_kwargs[k] for k in ("dtype", "attn_implementation", "device_map") if k in model_kwargs}
+    draft_tokenizer = load_tokenizer(path, request)
+    draft = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, **kwargs).eval()
+    technique.attach(model, draft, draft_tokenizer, tokenizer)
+    return draft
 
 
 def tokenizer_only(request: ModelRequest, path: str, key: tuple[Any, ...]) -> LoadedModel:

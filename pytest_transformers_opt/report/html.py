@@ -781,6 +781,14 @@ def render_html(report: dict[str, Any], *, history: History | None = None) -> st
                                ([r["test"], r["compile_time"], r["cache"], r["recompiles"]] for r in compiled)))
         out.append("</section>")
 
+    drafted = view.speculative_rows(report)
+    if drafted:
+        out.append(f'<section id="speculative"><h2>{_e(view.SPECULATIVE_TITLE)}</h2><p>{_e(view.SPECULATIVE_NOTE)}</p>')
+        out.append(_html_table(["Test", "Acceptance rate", "Accepted per step", "Accepted", "Proposed", "Steps"],
+                               ([r["test"], r["acceptance_rate"], r["accepted_per_step"], r["accepted"], r["proposed"],
+                                 r["steps"]] for r in drafted)))
+        out.append("</section>")
+
     groups = view.skipped_groups(report)
     if groups:
         out.append('<section id="skipped"><h2>Skipped techniques</h2><ul class="skipped">')

@@ -25,6 +25,7 @@ from .view import (AB_INTRO, AB_NO_ROWS, AB_TITLE, MATRIX_INTRO, MISSING, SHARD_
                    environment_title, estimate_rows, failed_budget_rows, hardware_matrices, has_ab, one_line,
                    problem_rows, shard_rows, shard_settings_note, skipped_groups, spans_hardware, summary_text,
                    table_rows)
+from .view import SPECULATIVE_NOTE, SPECULATIVE_TITLE, speculative_rows
 
 
 # --------------------------------------------------------------------------- markdown
@@ -138,6 +139,14 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += _md_table(["Test", "Compile time", "Compile cache", "Recompiles"],
                          ([md_code(row["test"], in_table=True), md_text(row["compile_time"]), md_text(row["cache"]),
                            md_text(row["recompiles"])] for row in compiled))
+
+    drafted = speculative_rows(report)
+    if drafted:
+        out += ["", f"### {SPECULATIVE_TITLE}", "", SPECULATIVE_NOTE, ""]
+        out += _md_table(["Test", "Acceptance rate", "Accepted per step", "Accepted", "Proposed", "Steps"],
+                         ([md_code(row["test"], in_table=True), *(md_text(row[key]) for key in
+                           ("acceptance_rate", "accepted_per_step", "accepted", "proposed", "steps"))]
+                          for row in drafted))
 
     groups = skipped_groups(report)
     if groups:

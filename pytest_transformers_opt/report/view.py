@@ -76,7 +76,7 @@ SETTINGS_FIELDS: tuple[tuple[str, str], ...] = (
 
 _DURATION_BUDGETS = {"max_ttft", "max_tpot", "max_latency"}
 _TIMES_BUDGETS = {"min_speedup", "max_memory_ratio"}
-_FRACTION_BUDGETS = {"min_token_match", "min_top1"}
+_FRACTION_BUDGETS = {"min_token_match", "min_top1", "min_acceptance_rate"}
 
 
 # --------------------------------------------------------------------------- formatting
@@ -511,6 +511,28 @@ def compile_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
         rows.append({"test": str(test.get("nodeid")), "compile_time": format_seconds(seconds),
                      "cache": compile_cache_text(side_figure(test, "optimized", "compile_cache")) or MISSING,
                      "recompiles": format_plain(side_figure(test, "optimized", "recompiles"))})
+    return rows
+
+
+SPECULATIVE_TITLE = "Speculative decoding"
+SPECULATIVE_NOTE = ("Draft tokens the model accepted / proposed in the verified run, and accepted per verification "
+                    "step (each step also yields one token of the model's own).")
+
+
+def speculative_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Tests whose optimized side drafted tokens (assisted_decoding, prompt_lookup): test, acceptance rate, mean
+    accepted tokens per step, and the counts they come from."""
+    rows = []
+    for test in sort_tests(_tests(report)):
+        steps = side_figure(test, "optimized", "draft_steps")
+        if steps is None:
+            continue
+        rows.append({"test": str(test.get("nodeid")),
+                     "acceptance_rate": format_percent(side_figure(test, "optimized", "acceptance_rate")),
+                     "accepted_per_step": format_plain(side_figure(test, "optimized", "mean_accepted_tokens_per_step")),
+                     "accepted": format_plain(side_figure(test, "optimized", "draft_tokens_accepted")),
+                     "proposed": format_plain(side_figure(test, "optimized", "draft_tokens_proposed")),
+                     "steps": format_plain(steps)})
     return rows
 
 

@@ -24,6 +24,7 @@ from ..units import failure_reason, format_duration
 from .schema import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, report_text, validate_report
 from .view import (AB_NO_ROWS, AB_TITLE, ab_header_lines, ab_lines, compile_cache_text, format_memory, format_percent,
                    format_rate, has_ab, terminal_table)
+from .view import speculative_rows
 
 if TYPE_CHECKING:
     from ..session import OptSession, TestRecord
@@ -219,6 +220,11 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
         lines += [f"  {t['nodeid'].split('::')[-1]}: {format_duration(t['optimized']['compile_time_s'])}"
                   f"{_cache_words(t['optimized'].get('compile_cache'))}, "
                   f"recompiles during measured rounds: {t['optimized'].get('recompiles')}" for t in compiled]
+    drafted = speculative_rows(report)
+    if drafted:
+        lines += ["", "speculative decoding (draft tokens accepted / proposed in the verified run):"]
+        lines += [f"  {r['test'].split('::')[-1]}: acceptance rate {r['acceptance_rate']} ({r['accepted']} of "
+                  f"{r['proposed']}), {r['accepted_per_step']} accepted per step over {r['steps']} steps" for r in drafted]
     errors = [t for t in report["tests"] if t["outcome"] in ("failed", "error") and not t["failed_budgets"] and t["error"]]
     if errors:
         lines += ["", "failed or errored (not on budgets):"]

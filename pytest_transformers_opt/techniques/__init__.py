@@ -25,7 +25,8 @@ __all__ = [
     "RunEvidence", "build_registry", "check_stack", "eager", "sdpa", "flex_attention", "flash_attention_2",
     "flash_attention_3", "hub_kernel", "kernels", "compile", "static_cache", "offloaded_cache",
     "offloaded_static_cache", "quantized_cache", "sliding_window_cache", "bnb_8bit", "bnb_4bit", "torchao_int8",
-    "quanto_int8", "hqq_4bit", "tensor_parallel", "continuous_batching",
+    "quanto_int8", "hqq_4bit", "tensor_parallel", "continuous_batching", "experts",
+    "assisted_decoding", "prompt_lookup",
 ]
 
 
@@ -136,3 +137,28 @@ def continuous_batching(max_batch_tokens: int | None = None, **config: Any) -> T
     if max_batch_tokens is not None:
         config["max_batch_tokens"] = max_batch_tokens
     return TechniqueSpec.of("continuous_batching", **config)
+
+
+def experts(implementation: str) -> TechniqueSpec:
+    """The MoE experts forward, transformers' ``experts_implementation``: 'eager', 'batched_mm' or 'grouped_mm'
+    (the baseline runs 'eager')."""
+    return TechniqueSpec.of("experts", implementation=implementation)
+
+
+def assisted_decoding(assistant: Any, num_assistant_tokens: int | None = None) -> TechniqueSpec:
+    """Speculative decoding with a draft model (``assistant_model``): a built-in model name or a model folder
+    that shares the model's tokenizer; ``num_assistant_tokens`` draft tokens per step (default: the draft's
+    generation config). Loaded with the model: its load time and memory count on the optimized side."""
+    params: dict[str, Any] = {"assistant": os.fspath(assistant) if isinstance(assistant, os.PathLike) else assistant}
+    if num_assistant_tokens is not None:
+        params["num_assistant_tokens"] = num_assistant_tokens
+    return TechniqueSpec.of("assisted_decoding", **params)
+
+
+def prompt_lookup(num_tokens: int = 10, max_matching_ngram_size: int | None = None) -> TechniqueSpec:
+    """Prompt lookup decoding (``prompt_lookup_num_tokens``): candidates from n-grams of the prompt, verified by
+    the model; ``max_matching_ngram_size`` defaults to transformers' 2."""
+    params: dict[str, Any] = {"num_tokens": num_tokens}
+    if max_matching_ngram_size is not None:
+        params["max_matching_ngram_size"] = max_matching_ngram_size
+    return TechniqueSpec.of("prompt_lookup", **params)

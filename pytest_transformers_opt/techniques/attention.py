@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, ClassVar, Iterator
 
-from ..compat import attention_functions_wrapped, attention_implementation, model_class_supports, module_available
+from ..compat import (attention_functions_wrapped, attention_implementation, attention_layer_types, layer_kinds_outside,
+                      model_class_supports, module_available)
 from ..errors import OptConfigError
 from .base import (
     DOCS,
@@ -108,6 +109,13 @@ class Sdpa(AttentionBackend):
     requirement = "a model class that supports SDPA"
 
 
+# torch inductor's CPU template for flex attention generates C++ that does not compile (CppCompileError: an
+# undeclared `cur_kvSplitSize0`) for a mask beyond plain causal: a sliding window (Mistral, Gemma 3, GPT-OSS; the
+# same model without its window compiles) or the padding of a left-padded batch. Seen with torch 2.13.0. The
+# config shows a window, so that is a skip; a padded batch shows only when it runs (the test fails, naming it).
+CPU_FLEX_WINDOW_BUG = ">=2.13,<2.14"
+
+
 class FlexAttention(AttentionBackend):
     name = "flex_attention"
     model_flag = "_supports_flex_attn"
@@ -116,8 +124,16 @@ class FlexAttention(AttentionBackend):
 
     def probe(self, ctx: ProbeContext) -> str | None:
         torch_version = ctx.hardware.version("torch")
-        if not version_ok((torch_version or "0").split("+")[0], ">=2.5"):
+        release = (torch_version or "0").split("+")[0]
+        if not version_ok(release, ">=2.5"):
             return f"flex_attention needs torch >= 2.5; found: torch {torch_version}"
+        sliding = "sliding_attention" in (attention_layer_types(ctx.model_config) or [])
+        if sliding and not ctx.hardware.is_cuda and version_ok(release, CPU_FLEX_WINDOW_BUG):
+            arch = getattr(ctx.model_config, "model_type", "this model")
+            return (f"flex_attention on cpu with torch {torch_version} needs a model without sliding-window layers "
+                    f"(torch inductor's CPU flex-attention template emits C++ that does not compile for a "
+                    f"sliding-window mask: 'cur_kvSplitSize0' was not declared); found: {arch} with "
+                    f"{layer_kinds_outside(ctx.model_config, {'full_attention'})}")
         return super().probe(ctx)
 
 

@@ -84,6 +84,9 @@ class RunEvidence:
     finished_requests: int = 0
     requested: int = 0
     paged_cache_bytes: int | None = None  # continuous batching: bytes its paged KV cache preallocated
+    # speculative decoding: verification steps, draft tokens proposed and accepted, the longest draft, the draft
+    # model's forward calls (None: no speculative technique observed)
+    draft: dict[str, int] | None = None
     notes: list[str] = field(default_factory=list)  # how this run was set up, for the result's notes
 
 
@@ -104,6 +107,7 @@ class Technique:
     load_time: ClassVar[bool] = False  # part of the loaded model's identity (attention, quantization)
     compiled: ClassVar[bool] = False  # generation runs a torch.compile'd forward
     runs_in_subprocesses: ClassVar[bool] = False  # generation runs in torchrun workers, not in the test's process
+    max_batch_size: ClassVar[int | None] = None  # the most sequences one generate call takes (None: any)
     compares_tokens_only: ClassVar[bool] = False  # generation returns tokens, no distributions (no KL budgets)
     example_params: ClassVar[dict[str, Any]] = {}  # parameters to probe the class with when no test names any
     accepted_params: ClassVar[dict[str, str]] = {}  # name -> description, for errors and --opt-techniques

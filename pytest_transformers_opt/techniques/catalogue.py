@@ -25,6 +25,7 @@ from .caches import (
                         StaticCacheTechnique,
 )
 from .compilation import Compile
+from .moe import Experts
 from .layer_kernels import Kernels
 from .parallel import TensorParallel
 from .quantization import (
@@ -36,15 +37,17 @@ from .quantization import (
                         WeightQuantization,
 )
 from .serving import ContinuousBatching
+from .speculative import AssistedDecoding, PromptLookup, SpeculativeDecoding
 
 __all__ = ["BUILTIN_TECHNIQUES", "AttentionBackend", "Eager", "Sdpa", "FlexAttention", "FlashAttention2",
            "FlashAttention3", "HubKernelAttention", "Kernels", "Compile", "CacheTechnique", "StaticCacheTechnique",
            "SlidingWindowCache", "OffloadedCacheTechnique", "OffloadedStaticCache", "QuantizedCacheTechnique",
            "WeightQuantization", "Bnb8bit", "Bnb4bit", "QuantoInt8", "HqqFourBit", "TorchaoInt8", "TensorParallel",
-           "ContinuousBatching"]
+           "ContinuousBatching", "Experts", "SpeculativeDecoding", "AssistedDecoding", "PromptLookup"]
 
 BUILTIN_TECHNIQUES: tuple[type[Technique], ...] = (
     Eager, Sdpa, FlexAttention, FlashAttention2, FlashAttention3, HubKernelAttention, Kernels, Compile,
     StaticCacheTechnique, OffloadedCacheTechnique, OffloadedStaticCache, QuantizedCacheTechnique,
     SlidingWindowCache, Bnb8bit, Bnb4bit, QuantoInt8, HqqFourBit, TorchaoInt8, TensorParallel, ContinuousBatching,
+    Experts, AssistedDecoding, PromptLookup,
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar
 
 from ..compat import module_available
@@ -87,6 +88,34 @@ class Bnb4bit(_Bnb):
         )
 
 
+def projections_outside_linear(config: Any) -> list[str]:
+    """The layer classes holding the 2-D weights of ``config``'s model when none of them (the output embeddings
+    aside) is a ``torch.nn.Linear`` (e.g. ``["Conv1D"]`` for GPT-2); [] when some are Linear or the model cannot
+    be built from its config. Built on the meta device: no memory, no weights, milliseconds."""
+    try:
+        return list(_projection_classes(config.to_json_string()))
+    except Exception:  # not a transformers config, or no causal-LM class for it: nothing known, nothing refused
+        return []
+
+
+@functools.lru_cache(maxsize=16)
+def _projection_classes(config_json: str) -> tuple[str, ...]:
+    import json
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    data = json.loads(config_json)
+    config = AutoConfig.for_model(data.pop("model_type"), **data)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    skipped = (model.get_output_embeddings(), model.get_input_embeddings())
+    holders = {type(module).__name__: isinstance(module, torch.nn.Linear) for module in model.modules()
+               if module not in skipped and getattr(getattr(module, "weight", None), "ndim", 0) == 2
+               and not isinstance(module, torch.nn.Embedding)}
+    return () if any(holders.values()) else tuple(sorted(holders))
+
+
 class _ModuleQuantization(WeightQuantization):
     package: ClassVar[str] = ""
     module: ClassVar[str] = ""
@@ -105,6 +134,19 @@ class QuantoInt8(_ModuleQuantization):
     layer_class_names = ("QLinear",)
     docs = f"{DOCS}/quantization/quanto"
     docs_title = "Quantization > Optimum Quanto"
+
+    def probe(self, ctx: ProbeContext) -> str | None:
+        missing = super().probe(ctx)
+        if missing is not None or ctx.model_config is None:
+            return missing
+        # transformers' quanto integration swaps torch.nn.Linear only (lm_head excepted): GPT-2's Conv1D
+        # projections stay as they are, a silent no-op the load's proof would fail
+        others = projections_outside_linear(ctx.model_config)
+        if others:
+            arch = getattr(ctx.model_config, "model_type", "this model")
+            return (f"quanto_int8 needs a model whose projections are torch.nn.Linear (optimum-quanto quantizes only "
+                    f"those, lm_head excepted); found: {arch} with none, its projections are {', '.join(others)}")
+        return None
 
     def configure_load(self, load: LoadSettings, ctx: ProbeContext) -> None:
         from transformers import QuantoConfig

@@ -112,6 +112,7 @@ def build_workload(session: "OptSession", opt: OptModel, prompts: Any, max_new_t
                                         minimum=1, maximum=positions or MAX_NEW_TOKENS)
     batch = parse_non_negative_int(len(prompts) if batch_size is None else batch_size,
                                    "opt_bench(batch_size=...)", minimum=1)
+    batch = _batch_within_limits(opt, batch, given=batch_size is not None)
     rule = parse_rounds(session.settings.rounds if rounds is None else rounds, "opt_bench(rounds=...)")
     n_warmup = parse_non_negative_int(session.settings.warmup if warmup is None else warmup,
                                       "opt_bench(warmup=...)", minimum=0, maximum=MAX_WARMUP)
@@ -126,6 +127,20 @@ def build_workload(session: "OptSession", opt: OptModel, prompts: Any, max_new_t
             f"max_new_tokens <= {positions} (shorter prompts or fewer new tokens)")
     return Workload(prompts=prompts, max_new_tokens=new_tokens, batch_size=min(batch, len(prompts)),
                     rounds=rule.minimum, max_rounds=rule.maximum, warmup=n_warmup, input_tokens=input_tokens)
+
+
+def _batch_within_limits(opt: OptModel, batch: int, given: bool) -> int:
+    """The batch size both sides run: at most what every technique takes in one generate call (speculative
+    decoding: one sequence); a larger one given explicitly is an error naming the technique."""
+    limits = [(t.max_batch_size, t.label()) for t in opt.techniques if t.max_batch_size]
+    if not limits:
+        return batch
+    limit, label = min(limits)
+    if given and batch > limit:
+        raise OptConfigError(f"opt_bench(batch_size={batch}): {label} generates at most {limit} sequence(s) per "
+                             f"generate call; accepted: batch_size <= {limit}, or leave it out (both sides then run "
+                             f"the prompts {limit} at a time)")
+    return min(batch, limit)
 
 
 def _max_positions(opt: OptModel) -> int | None:
@@ -302,6 +317,10 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
     counts: dict[str, str] = {}  # side -> new tokens per sequence of its latest run
 
     notes: list[str] = []
+    limited = [t.label() for t in opt.techniques if t.max_batch_size and t.max_batch_size == workload.batch_size]
+    if limited and len(workload.prompts) > workload.batch_size:
+        notes.append(f"batch size {workload.batch_size} on both sides: {limited[0]} generates at most "
+                     f"{workload.batch_size} sequence(s) per generate call")
     stored_ctx = _stored_context(session, plan, workload)
     stored = stored_ctx.stored if stored_ctx else None
     if stored_ctx and stored is None and stored_ctx.why_not:
@@ -497,6 +516,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
                           texts=verification.texts, memory=opt_memory, compile_time=compile_time,
                           recompiles=sum(recompiles) if opt.generation.compile else None, loaded=opt.loaded)
         optimized.paged_cache_bytes = verification.evidence.paged_cache_bytes
+        optimized.record_draft(verification.evidence.draft)
         reference_side = ab if ab is not None else blocks.side if blocks is not None else None
         ab_record = reference_side.record(_reference_metrics) if reference_side is not None else None
         result = OptResult(

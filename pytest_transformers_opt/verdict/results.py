@@ -89,6 +89,23 @@ class SideMetrics:
     load_peak_bytes: int | None = None
     resident_bytes: int | None = None
     generation_peak_bytes: int | None = None
+    # speculative decoding (assisted_decoding, prompt_lookup), from the verified run: draft tokens the model
+    # accepted / proposed, and accepted per verification step (each step also yields one token of the model's own)
+    acceptance_rate: float | None = None
+    mean_accepted_tokens_per_step: float | None = None
+    draft_steps: int | None = None
+    draft_tokens_proposed: int | None = None
+    draft_tokens_accepted: int | None = None
+
+    def record_draft(self, counts: dict[str, int] | None) -> None:
+        """Speculative decoding's figures from the verified run's counts (greedy with a constant draft length:
+        every timed round drafts and accepts the same)."""
+        if not counts:
+            return
+        steps, proposed, accepted = counts["steps"], counts["proposed"], counts["accepted"]
+        self.draft_steps, self.draft_tokens_proposed, self.draft_tokens_accepted = steps, proposed, accepted
+        self.acceptance_rate = accepted / proposed if proposed else None
+        self.mean_accepted_tokens_per_step = accepted / steps if steps else None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -46,14 +46,20 @@ def test_compile(opt_bench):
 
 def test_answers_like_smollm2(opt_baseline_model):
     assert "Paris" in opt_baseline_model.generate(["The capital of France is"], max_new_tokens=4)[0]
+
+
+@pytest.mark.optimization("prompt_lookup")  # prompts one at a time; outputs that repeat the prompt
+def test_prompt_lookup(opt_bench):
+    opt_bench(["The capital of France is Paris. The capital of France is", "Water boils at 100 degrees. Water boils at"],
+              max_new_tokens=8)
 '''
 
 
 @needs_wheel
 def test_real_model_tier_passes_lossless_techniques_with_default_budgets(run_user) -> None:
     run = run_user(TIER, *INNER)
-    run.result.assert_outcomes(passed=4)
-    for name in ("test_sdpa", "test_static_cache", "test_compile"):
+    run.result.assert_outcomes(passed=5)
+    for name in ("test_sdpa", "test_static_cache", "test_compile", "test_prompt_lookup"):
         entry = run.test(name)
         assert entry["outcome"] == "passed", entry
         assert entry["model"] == {"name_or_path": "smollm2-135m", "revision": None, "dtype": "float32"}
@@ -64,6 +70,9 @@ def test_real_model_tier_passes_lossless_techniques_with_default_budgets(run_use
         assert similarity["compared_steps"] >= 2, (name, similarity)
         assert entry["optimized"]["tokens_generated"] == 2 * 8
     assert run.test("test_compile")["optimized"]["compile_time_s"] > 0
+    lookup = run.test("test_prompt_lookup")["optimized"]
+    assert lookup["draft_tokens_proposed"] > 0 and lookup["draft_steps"] + lookup["draft_tokens_accepted"] == 2 * 8
+    assert 0 <= lookup["acceptance_rate"] <= 1
 
 
 LOSSY_TIER = '''

@@ -103,9 +103,23 @@ def test_every_probe_reads_the_layer_kinds():
     assert _probe("quantized_cache", mistral).endswith(
         "found: 32 of 32 layers sliding_attention (no layer_types; inferred from config.sliding_window)")
     assert _probe("quantized_cache", AutoConfig.for_model("llama")) is None
-    for name in ("static_cache", "sliding_window_cache", "continuous_batching", "sdpa", "eager", "flex_attention",
+    for name in ("static_cache", "sliding_window_cache", "continuous_batching", "sdpa", "eager",
                  "quanto_int8", "bnb_4bit"):
         assert _probe(name, gemma3) is None, name
+    # flex attention on cpu: the torch releases whose inductor cannot compile a sliding-window mask skip it
+    import torch
+
+    from pytest_transformers_opt.techniques.attention import CPU_FLEX_WINDOW_BUG
+    from pytest_transformers_opt.techniques.base import version_ok
+
+    flex, torch_release = _probe("flex_attention", gemma3), torch.__version__.split("+")[0]
+    if version_ok(torch_release, CPU_FLEX_WINDOW_BUG):
+        assert flex is not None and flex.startswith(f"flex_attention on cpu with torch {torch.__version__} needs a "
+                                                    f"model without sliding-window layers"), flex
+        assert flex.endswith(f"found: gemma3_text with {sum(k == 'sliding_attention' for k in gemma3.layer_types)} of "
+                             f"{gemma3.num_hidden_layers} layers sliding_attention (config.layer_types)"), flex
+    else:
+        assert flex is None, flex
     assert _probe("continuous_batching", llama4) == (
         "continuous_batching needs a model whose layers are full_attention or sliding_attention (its paged cache "
         "has no other); found: 36 of 48 layers chunked_attention (config.layer_types)")

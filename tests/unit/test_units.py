@@ -324,6 +324,7 @@ VALID_BUDGETS: dict[str, list[tuple[Any, float]]] = {
     "max_kl": [(0.01, 0.01), (0, 0.0), ("1e-3", 1e-3)],
     "min_top1": [(0.97, 0.97), (1, 1.0), ("0.85", 0.85)],
     "max_recompiles": [(0, 0.0), (3, 3.0), ("2", 2.0)],
+    "min_acceptance_rate": [(0.5, 0.5), (0, 0.0), ("0.25", 0.25), (1, 1.0)],
 }
 INVALID_BUDGETS: dict[str, list[Any]] = {
     "max_memory": ["lots", 0, -1, "6 GB/s", True, float("nan")],
@@ -337,6 +338,7 @@ INVALID_BUDGETS: dict[str, list[Any]] = {
     "max_kl": [-0.01, "small", float("nan"), float("inf")],
     "min_top1": [1.5, -1, "most", float("nan")],
     "max_recompiles": [-1, 1.5, "a few", True, 2.0],
+    "min_acceptance_rate": [1.5, -0.1, "most", float("nan"), "50%"],
 }
 
 
