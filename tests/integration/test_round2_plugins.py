@@ -21,10 +21,14 @@ from conftest import FAST_ARGS
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _readme_hook_examples() -> list[str]:
-    """Every Python block of the README that implements one of the plugin's hooks."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-    return [block for block in blocks if re.search(r"^def pytest_opt_", block, flags=re.M)]
+def _documented_hook_examples() -> list[tuple[str, str]]:
+    """Every Python block of the documentation (docs/ and the README) that implements one of the plugin's hooks."""
+    found = []
+    for page in [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]:
+        blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+        found += [(f"{page.relative_to(ROOT)} block {n}", block) for n, block in enumerate(blocks, 1)
+                  if re.search(r"^def pytest_opt_", block, flags=re.M)]
+    return found
 
 
 def _hookspec_examples() -> list[str]:
@@ -39,7 +43,8 @@ def _hookspec_examples() -> list[str]:
 
 
 def _hook_examples() -> list[tuple[str, str]]:
-    examples = [(f"README block {n}", block) for n, block in enumerate(_readme_hook_examples(), 1)]
+    examples = _documented_hook_examples()
+    assert examples, "no documented hook example found"
     examples.append(("example_project/tests/conftest.py", (ROOT / "example_project/tests/conftest.py").read_text()))
     examples += [(f"hookspecs example {n}", block) for n, block in enumerate(_hookspec_examples(), 1)]
     return examples
@@ -52,7 +57,7 @@ def test_every_hook_has_an_example():
 
 
 @pytest.mark.parametrize("where, conftest", _hook_examples(), ids=[where for where, _ in _hook_examples()])
-def test_a_conftest_written_the_readme_way_runs_with_the_plugin_disabled(pytester, where, conftest):
+def test_a_conftest_written_the_documented_way_runs_with_the_plugin_disabled(pytester, where, conftest):
     pytester.makeconftest(conftest)
     pytester.makepyfile(test_user="def test_plain():\n    assert 1 + 1 == 2\n")
     result = pytester.runpytest("-p", "no:transformers_opt", "-p", "no:cacheprovider")
@@ -63,18 +68,18 @@ def test_a_conftest_written_the_readme_way_runs_with_the_plugin_disabled(pyteste
 
 
 def test_the_examples_still_work_with_the_plugin_on(run_user, monkeypatch):
-    """``optionalhook=True`` changes nothing while the plugin is loaded: the README's technique is registered and
+    """``optionalhook=True`` changes nothing while the plugin is loaded: the documented technique is registered and
     measured, the report_extra example's fields are in the report."""
     monkeypatch.delenv("GITHUB_SHA", raising=False)
     run = run_user('''
 import pytest
 
-@pytest.mark.optimization("no_repeat_trigrams", min_token_match=0.0, max_kl=100)
+@pytest.mark.optimization("repetition_penalty", min_token_match=0.0, max_kl=100, min_top1=0.0)
 def test_measured(opt_bench):
     opt_bench(max_new_tokens=2)
-''', conftest=_readme_hook_examples()[0] + "\n" + _hookspec_examples()[1])
+''', conftest=next(block for _, block in _documented_hook_examples() if "registry.register(" in block) + "\n" + _hookspec_examples()[1])
     run.result.assert_outcomes(passed=1)
-    assert run.test("test_measured")["techniques"] == ["no_repeat_trigrams"]
+    assert run.test("test_measured")["techniques"] == ["repetition_penalty"]
     assert run.test("test_measured")["extra"] == {"ticket": "OPT-12"}
     assert run.report["extra"] == {"commit": None}
 

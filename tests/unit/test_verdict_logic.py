@@ -177,34 +177,40 @@ def test_result_carries_speedup_and_memory_verdicts():
 
 
 # ---------------------------------------------------------------- default similarity budgets
-def _readme_default_budgets() -> dict[str, dict[str, float]]:
-    """The README's default-budget table: the start of each configuration -> its budgets."""
+def _documented_default_budgets() -> dict[tuple[str, str], dict[str, float]]:
+    """The documentation's default-similarity table (docs/hooks/reference.py renders it at build time):
+    (quality class, column) -> its budgets."""
+    import importlib.util
     import re
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = text.split("| configuration (its lossiest technique) | default similarity budgets |", 1)[1]
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("docs_reference", root / "docs" / "hooks" / "reference.py")
+    assert spec is not None and spec.loader is not None
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    lines = reference.similarity_defaults().splitlines()
+    columns = [cell.strip() for cell in lines[0].strip("|").split("|")]
     rows = {}
-    for line in table.splitlines()[2:]:
-        if not line.startswith("|"):
-            break
-        config, budgets = (cell.strip() for cell in line.strip("|").split("|"))
-        rows[re.split(r" \(|,", config)[0]] = {name: float(value)
-                                               for name, value in re.findall(r"`(\w+)=([0-9.e-]+)`", budgets)}
+    for line in lines[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        for column, cell in zip(columns[1:], cells[1:]):
+            rows[(cells[0].strip("`"), column)] = {name: float(value)
+                                                   for name, value in re.findall(r"`(\w+)=([0-9.e-]+)`", cell)}
     return rows
 
 
-def test_default_budgets_are_the_readme_table_and_a_quantized_cache_is_classed_by_its_bits() -> None:
+def test_default_budgets_are_the_documented_table_and_a_quantized_cache_is_classed_by_its_bits() -> None:
     from pytest_transformers_opt.verdict.budgets import default_similarity
     from pytest_transformers_opt.techniques.base import LOSSLESS, LOSSY_4BIT, WEIGHTS_8BIT
     from pytest_transformers_opt.techniques.catalogue import BUILTIN_TECHNIQUES
 
-    assert _readme_default_budgets() == {
-        "lossless": default_similarity(LOSSLESS, "float32"),
-        "the same in bf16 / fp16": default_similarity(LOSSLESS, "bfloat16"),
-        "8-bit weights": default_similarity(WEIGHTS_8BIT, "bfloat16"),
-        "4-bit weights": default_similarity(LOSSY_4BIT, "float32"),
-        "continuous batching": default_similarity(LOSSLESS, "float32", distributions=False),
-    }
+    documented = _documented_default_budgets()
+    assert documented[("lossless", "float32")] == {"min_token_match": 1.0, "max_kl": 1e-3}
+    assert documented[("lossless", "bfloat16 / float16")] == default_similarity(LOSSLESS, "bfloat16")
+    assert documented[("8bit", "bfloat16 / float16")] == default_similarity(WEIGHTS_8BIT, "bfloat16")
+    assert documented[("4bit", "float32")] == default_similarity(LOSSY_4BIT, "float32")
+    assert documented[("lossless", "tokens only (continuous batching), float32")] == \
+        default_similarity(LOSSLESS, "float32", distributions=False)
     # the values benchmarks/RESULTS.md set them to (healthy smollm2-135m passes, breakage fails)
     assert default_similarity(LOSSLESS, "float16") == {"max_kl": 0.005, "min_top1": 0.95}
     assert default_similarity(WEIGHTS_8BIT, "float32") == {"max_kl": 0.07, "min_top1": 0.85}
