@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+from verdict_study import _spread  # noqa: E402  (this folder is on sys.path when the script runs): one table cell format
 
 MODELS = ("tiny-random-qwen3-moe", "tiny-random-gpt-oss")
 DTYPES = ("float32", "bfloat16")
@@ -131,16 +132,6 @@ def run_study(sets: int, max_new_tokens: int, models: tuple[str, ...], dtypes: t
                          "budgets": {b["name"]: b["limit"] for b in test.get("budgets") or []}})
         print(f"experts study: {model} done ({time.perf_counter() - started:.0f} s so far)", flush=True)
     return {"rows": rows, "seconds": time.perf_counter() - started}
-
-
-def _spread(values: list[float | None]) -> str:
-    """median (min-max) of the finite figures; NaN (written as null) counted apart."""
-    finite = [v for v in values if v is not None]
-    nan = len(values) - len(finite)
-    if not finite:
-        return "NaN" if nan else "-"
-    text = f"{statistics.median(finite):.3g} ({min(finite):.3g}-{max(finite):.3g})"
-    return text + (f", {nan} NaN" if nan else "")
 
 
 def table(result: dict, sets: int, max_new_tokens: int) -> str:

@@ -115,23 +115,29 @@ def bench_test_lines(advice: Advice, name: str = "test_recommended_change", prom
     return lines
 
 
-def validation_test_source(advice: Advice) -> str:
-    """The validation test: a pytest file that the plugin runs (``pytest PATH --opt-report``)."""
-    plan: ValidationPlan | None = advice.test
-    if plan is None or not advice.configuration:
-        raise ValueError("this advice has no configuration to validate")
-    lines = [
-        f'"""Validation test written by `pytest-opt advise`: {advice.title}.',
-        "",
-        "Run: pytest THIS_FILE --opt-report",
-        "Replace PROMPTS with prompts from your real workload for a representative measurement.",
-        '"""',
+def test_file_prologue(docstring: list[str], plan: ValidationPlan) -> list[str]:
+    """A written test file's first lines: its docstring (lines, quotes added), the imports and the model marker."""
+    return [
+        f'"""{docstring[0]}', *docstring[1:], '"""',
         "",
         "import pytest",
         "",
         "from pytest_transformers_opt import techniques  # noqa: F401  (used by techniques.NAME(...) markers)",
         "",
         f"pytestmark = pytest.mark.opt_model({model_marker_args(plan)})",
+    ]
+
+
+def validation_test_source(advice: Advice) -> str:
+    """The validation test: a pytest file that the plugin runs (``pytest PATH --opt-report``)."""
+    plan: ValidationPlan | None = advice.test
+    if plan is None or not advice.configuration:
+        raise ValueError("this advice has no configuration to validate")
+    lines = [
+        *test_file_prologue([f"Validation test written by `pytest-opt advise`: {advice.title}.", "",
+                             "Run: pytest THIS_FILE --opt-report",
+                             "Replace PROMPTS with prompts from your real workload for a representative "
+                             "measurement."], plan),
         "",
         *prompts_lines(plan),
         "",

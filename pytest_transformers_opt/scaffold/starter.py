@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from ..advisor import Advice, ServingScenario, advise, load_model_shape
 from ..advisor.estimates import STAGES
 from ..advisor.recommend import SPEED_BUDGET, size_literal
-from ..advisor.render import bench_test_lines, model_marker_args, prompts_lines
+from ..advisor.render import bench_test_lines, prompts_lines, test_file_prologue
 from ..advisor.workload import MEMORY_STAGES
 from ..units import format_bytes
 
@@ -91,21 +91,14 @@ def starter_source(model: str, chosen: list[Pick], gpu_memory_bytes: int | None,
         f"configuration), checks the budgets in its marker and proves the change took effect; a technique this "
         f"machine cannot run is skipped with the reason. Replace the prompts with prompts from your real "
         f"workload for a representative measurement.", WIDTH)
-    lines = [
-        f'"""Optimization tests for {_in_docstring(model)}{hardware}, written by `pytest-opt init`.',
+    lines = test_file_prologue([
+        f"Optimization tests for {_in_docstring(model)}{hardware}, written by `pytest-opt init`.",
         "",
         f"The {len(chosen)} changes the advisor (`pytest-opt advise`) recommends for this model, one test each:",
         *listing,
         "",
         about,
-        '"""',
-        "",
-        "import pytest",
-        "",
-        "from pytest_transformers_opt import techniques  # noqa: F401  (used by techniques.NAME(...) markers)",
-        "",
-        f"pytestmark = pytest.mark.opt_model({model_marker_args(plan)})",
-    ]
+    ], plan)
     names: dict[tuple[int, int], str] = {}
     for pick in chosen:
         test = pick.advice.test
