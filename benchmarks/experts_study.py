@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
-from verdict_study import _spread  # noqa: E402  (this folder is on sys.path when the script runs): one table cell format
+# this folder is on sys.path when the script runs: one session runner and one table cell format
+from verdict_study import _spread, similarity_session  # noqa: E402
 
 MODELS = ("tiny-random-qwen3-moe", "tiny-random-gpt-oss")
 DTYPES = ("float32", "bfloat16")
@@ -112,24 +109,7 @@ def run_study(sets: int, max_new_tokens: int, models: tuple[str, ...], dtypes: t
         cases = _cases(sets, (model,), dtypes)
         label_of = {case: (m, dtype, label) for case, m, dtype, label, _, _ in cases}
         print(f"experts study: {model}, {len(cases)} tests ...", flush=True)
-        with tempfile.TemporaryDirectory(prefix="experts-study-") as folder:
-            root = Path(folder)
-            (root / "conftest.py").write_text(CONFTEST)
-            (root / "test_experts_study.py").write_text(_tests(cases, max_new_tokens))
-            report = root / "report.json"
-            subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                            "-W", "ignore", "--opt-budgets=warn", "--opt-rounds=1", "--opt-warmup=0",
-                            f"--opt-report-json={report}", *extra_args, "test_experts_study.py"],
-                           cwd=root, check=False, stdout=subprocess.DEVNULL, env=os.environ.copy())
-            data = json.loads(report.read_text())
-        for test in data["tests"]:
-            case = test["nodeid"].split("[", 1)[1].rstrip("]")
-            similarity = test.get("similarity") or {}
-            rows.append({"case": case, "key": label_of[case], "outcome": test["outcome"],
-                         "why": test.get("skip_reason") or next(iter((test.get("error") or "").strip().splitlines()), ""),
-                         "kl": similarity.get("kl_mean"), "top1": similarity.get("top1"),
-                         "token_match": similarity.get("token_match"),
-                         "budgets": {b["name"]: b["limit"] for b in test.get("budgets") or []}})
+        rows += similarity_session(CONFTEST, _tests(cases, max_new_tokens), label_of, extra_args, "experts-study-")
         print(f"experts study: {model} done ({time.perf_counter() - started:.0f} s so far)", flush=True)
     return {"rows": rows, "seconds": time.perf_counter() - started}
 

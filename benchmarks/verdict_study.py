@@ -284,6 +284,33 @@ def _similarity_tests(cases: list[tuple[str, str, str, str, str, int]], max_new_
             f"    opt_bench(prompts=list(PROMPT_SETS[prompt_set]), max_new_tokens={max_new_tokens})\n")
 
 
+def similarity_session(conftest: str, tests: str, label_of: dict[str, tuple[str, str, str]], extra_args: list[str],
+                       prefix: str) -> list[dict]:
+    """One pytest session over ``tests`` (parametrised by case) in a temporary project with ``conftest``, budgets
+    in warn mode so that every run reports its figures; a row per test: its case, ``label_of[case]``, outcome,
+    why, similarity figures and budget limits."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        root = Path(folder)
+        (root / "conftest.py").write_text(conftest)
+        (root / "test_study.py").write_text(tests)
+        report = root / "report.json"
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                        "-W", "ignore", "--opt-budgets=warn", "--opt-rounds=1", "--opt-warmup=0",
+                        f"--opt-report-json={report}", *extra_args, "test_study.py"],
+                       cwd=root, check=False, stdout=subprocess.DEVNULL, env=os.environ.copy())
+        data = json.loads(report.read_text())
+    rows = []
+    for test in data["tests"]:
+        case = test["nodeid"].split("[", 1)[1].rstrip("]")
+        similarity = test.get("similarity") or {}
+        rows.append({"case": case, "key": label_of[case], "outcome": test["outcome"],
+                     "why": test.get("skip_reason") or next(iter((test.get("error") or "").strip().splitlines()), ""),
+                     "kl": similarity.get("kl_mean"), "top1": similarity.get("top1"),
+                     "token_match": similarity.get("token_match"),
+                     "budgets": {b["name"]: b["limit"] for b in test.get("budgets") or []}})
+    return rows
+
+
 def run_similarity(sets: int, max_new_tokens: int, models: tuple[str, ...], skip: frozenset[str],
                    extra_args: list[str], broken_sets: int = 1, only: frozenset[str] = frozenset()) -> dict:
     """One pytest session per model, budgets in warn mode so that every run reports its figures."""
@@ -293,23 +320,8 @@ def run_similarity(sets: int, max_new_tokens: int, models: tuple[str, ...], skip
     started = time.perf_counter()
     for model in models:
         cases = _similarity_cases(sets, (model,), skip, broken_sets, only)
-        with tempfile.TemporaryDirectory(prefix="verdict-study-sim-") as folder:
-            root = Path(folder)
-            (root / "conftest.py").write_text(CONFTEST)
-            (root / "test_similarity.py").write_text(_similarity_tests(cases, max_new_tokens))
-            report = root / "report.json"
-            subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                            "-W", "ignore", "--opt-budgets=warn", "--opt-rounds=1", "--opt-warmup=0",
-                            f"--opt-report-json={report}", *extra_args, "test_similarity.py"],
-                           cwd=root, check=False, stdout=subprocess.DEVNULL, env=os.environ.copy())
-            data = json.loads(report.read_text())
-        for test in data["tests"]:
-            case = test["nodeid"].split("[", 1)[1].rstrip("]")
-            similarity = test.get("similarity") or {}
-            rows.append({"case": case, "key": label_of[case], "outcome": test["outcome"],
-                         "why": test.get("skip_reason") or next(iter((test.get("error") or "").strip().splitlines()), ""),
-                         "kl": similarity.get("kl_mean"), "top1": similarity.get("top1"),
-                         "token_match": similarity.get("token_match")})
+        rows += similarity_session(CONFTEST, _similarity_tests(cases, max_new_tokens), label_of, extra_args,
+                                   "verdict-study-sim-")
     return {"rows": rows, "seconds": time.perf_counter() - started}
 
 
