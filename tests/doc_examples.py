@@ -19,12 +19,13 @@ Anything else is an unknown kind, which the suite refuses.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+
+from benchmark_scripts import load_module_file  # this folder, tests/, is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -33,11 +34,7 @@ DOCS = ROOT / "docs"
 @functools.lru_cache(maxsize=1)
 def reference_hook() -> ModuleType:
     """docs/hooks/reference.py, the Reference generator mkdocs runs, under a name of its own."""
-    spec = importlib.util.spec_from_file_location("docs_reference_hook", DOCS / "hooks" / "reference.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module_file("docs_reference_hook", DOCS / "hooks" / "reference.py")
 
 SYNTAX_ONLY = {
     "needs-gpu": "needs a CUDA GPU",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from benchmark_scripts import load_module_file  # tests/ is on sys.path (pytest's rootdir conftest import)
 from pytest_transformers_opt.engine import tiny_models
 from pytest_transformers_opt.verdict.results import DEFAULT_PROMPTS
 
@@ -31,11 +31,7 @@ REGENERATE = "python scripts/build_builtin_models.py"
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("build_builtin_models", ROOT / "scripts" / "build_builtin_models.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module_file("build_builtin_models", ROOT / "scripts" / "build_builtin_models.py")
 
 
 def test_every_trained_model_is_shipped_for_its_current_spec(monkeypatch: pytest.MonkeyPatch) -> None:

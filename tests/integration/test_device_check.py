@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from benchmark_scripts import load_module_file  # tests/ is on sys.path (pytest's rootdir conftest import)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "device_check.py"
 
 
 @pytest.fixture(scope="module")
 def device_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["device_check"] = module
-    path = list(sys.path)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        # the script puts the checkout first on sys.path (run without installing): left there, later in-process runs
-        # of this worker find the checkout's egg-info first and warn that the plugin "cannot be rewritten"
-        sys.path[:] = path
-    return module
+    return load_module_file("device_check", SCRIPT)
 
 
 def test_the_table_has_a_row_per_gpu_technique_with_figures_skip_reasons_and_gaps(run_user, device_check):
