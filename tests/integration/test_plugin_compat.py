@@ -101,9 +101,10 @@ def _split_ran_part_of_the_project(folder: Path, result: pytest.RunResult) -> No
     assert 0 < len(report["tests"]) + ("PASSED test_user.py::test_own" in result.stdout.str()) < 3
 
 
+# pytest-xdist's default distribution (load) runs in the suite's shared `-n 2` session (tests/conftest.py
+# xdist_run); loadgroup, without xdist_group marks, schedules as load does: no row of its own (30 s of the suite)
 ROWS = {
     "xdist-loadscope": Row(("-n", "2", "--dist", "loadscope"), ("created: 2/2 workers",), subprocess=True),
-    "xdist-loadgroup": Row(("-n", "2", "--dist", "loadgroup"), ("created: 2/2 workers",), subprocess=True),
     "xdist-worksteal": Row(("-n", "2", "--dist", "worksteal"), ("created: 2/2 workers",), subprocess=True),
     "randomly": Row(("-p", "randomly", "--randomly-seed=1234"), ("Using --randomly-seed=1234",)),
     "rerunfailures": Row(("--reruns", "1"), ("*1 failed, 3 passed*1 rerun*",), extra_source=FLAKY_BUDGET_TEST,
@@ -134,7 +135,9 @@ def _pytest_outcomes(result: pytest.RunResult) -> dict[str, str]:
     return outcomes
 
 
-@pytest.mark.parametrize("name", list(ROWS))
+# a fresh process (pytest-xdist: three) importing torch and transformers: 15-30 s a row; the suite starts them first
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.suite_cost(30 if "-n" in row.args else 16))
+                                  if row.subprocess else name for name, row in ROWS.items()])
 def test_the_report_counts_as_pytest_does_beside_another_plugin(pytester: pytest.Pytester, name: str) -> None:
     row = ROWS[name]
     pytester.makepyfile(test_user=PROJECT + row.extra_source)

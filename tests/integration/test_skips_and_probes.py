@@ -155,20 +155,3 @@ def test_missing_packages_are_named(monkeypatch, name):
         monkeypatch.setattr(family, "module_available", lambda module: False)
     reason = _probe(name, _ctx())
     assert reason is not None and "package; found: not installed" in reason
-
-
-def test_tensor_parallel_runs_on_cpu_with_two_gloo_processes(run_user):
-    run = run_user('''
-import pytest
-from pytest_transformers_opt import techniques
-
-@pytest.mark.optimization(techniques.tensor_parallel(tp_size=2))
-def test_tp(opt_bench):
-    result = opt_bench(max_new_tokens=6)
-    assert result.optimized.tokens_generated == 3 * 6
-''')
-    run.result.assert_outcomes(passed=1)
-    entry = run.test("test_tp")
-    assert entry["similarity"]["token_match"] == 1.0
-    assert any("2 torchrun ranks" in note and "not interleaved" in note for note in entry["notes"])
-    assert entry["optimized"]["peak_memory_bytes"] > 0
