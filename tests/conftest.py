@@ -85,6 +85,23 @@ def _hermetic_inner_runs(request: pytest.FixtureRequest, monkeypatch: pytest.Mon
     torch.set_num_threads(threads)
 
 
+_CHECKOUT = str(Path(__file__).resolve().parents[1])
+
+
+@pytest.fixture(autouse=True)
+def _checkout_stays_off_sys_path() -> Iterator[None]:
+    """A test that leaves the checkout on ``sys.path`` (a script loaded in-process: they put it there to run
+    uninstalled) errors here. Left there, the checkout's ``*.egg-info`` is a second pytest11 distribution for every
+    later in-process run of this worker, which then warns that the plugin "cannot be rewritten": two warnings in
+    the outcome counts of whichever tests xdist happened to send there (CI failed on it twice)."""
+    was_there = _CHECKOUT in sys.path
+    yield
+    if not was_there and _CHECKOUT in sys.path:
+        sys.path[:] = [entry for entry in sys.path if entry != _CHECKOUT]
+        pytest.fail(f"this test left {_CHECKOUT} on sys.path: load scripts with benchmark_scripts.load_module_file",
+                    pytrace=False)
+
+
 @pytest.fixture()
 def model_dir(tmp_path: Path) -> str:
     """A folder holding only Llama-3.1-8B's config.json: what the advisor reads (never weights)."""
@@ -197,18 +214,3 @@ def xdist_run(tmp_path_factory: pytest.TempPathFactory) -> XdistRun:
                                                             "duration": time.monotonic() - start}))
     return XdistRun(folder)
 
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "suite_cost(seconds): what the test takes on 2 cores with cold caches (CI's "
-                                       "case); the suite starts the costliest tests first")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The costliest tests first, longest first (the rest keep their order): pytest-xdist hands tests out in collection
-    order, and a 2-minute test handed out last keeps one worker busy while the other has finished."""
-
-    def cost(item: pytest.Item) -> float:
-        marker = item.get_closest_marker("suite_cost")
-        return float(marker.args[0]) if marker else 0.0
-
-    items.sort(key=cost, reverse=True)

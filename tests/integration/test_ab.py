@@ -86,7 +86,6 @@ def _worker_pids() -> set[int]:
     return found
 
 
-@pytest.mark.suite_cost(19)
 def test_a_null_ab_passes_and_a_slowed_candidate_fails_the_run_with_one_line(run_user, pytester):
     reference = _wrapper(pytester.path / "reference-python")
     null = run_user(SLEEPY_TEST, *AB_ROUNDS, f"--opt-ab={reference}", "--opt-ab-fail=latency:20%", "--opt-report",
@@ -190,7 +189,6 @@ def test_collect_only_starts_no_worker(pytester):
     assert not ran.exists()
 
 
-@pytest.mark.suite_cost(33)
 def test_xdist_runs_one_reference_worker_per_xdist_worker_and_every_row_keeps_its_record(run_user, pytester):
     reference = _wrapper(pytester.path / "reference-python", before='echo "$$" >> "$(dirname "$0")/started"')
     # one round, no warm-up: what is checked is which worker ran and what each row kept, not a verdict
@@ -213,7 +211,6 @@ def test_ab_fail_without_a_reference_or_with_a_metric_it_cannot_judge_is_a_usage
     result.stderr.fnmatch_lines(["*--opt-ab-fail*speedup*"])
 
 
-@pytest.mark.suite_cost(28)
 def test_ctrl_c_mid_ab_leaves_no_worker_behind(pytester):
     """A user's Ctrl-C while the reference worker is busy: pytest ends, and so does the worker."""
     import signal

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import shutil
 
-import pytest
-
 from pytest_transformers_opt.advisor import estimate_peak_memory
 from pytest_transformers_opt.cli import main as cli_main
 from pytest_transformers_opt.engine.tiny_models import ensure_tiny_model, tiny_model_config
 
 
-@pytest.mark.suite_cost(33)
 def test_the_written_validation_test_runs_green_on_cpu(run_user, pytester, capsys):
     written = pytester.path / "test_recommended.py"
     code = cli_main(["advise", "--model", "tiny-random-llama", "--cpu-memory", "8 GiB", "--input-tokens", "32",

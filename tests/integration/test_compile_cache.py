@@ -59,7 +59,6 @@ def _key_folders(cache: Path) -> list[Path]:
     return sorted(path for path in cache.iterdir() if path.is_dir())
 
 
-@pytest.mark.suite_cost(67)
 def test_second_run_is_warm_and_a_torch_change_misses(pytester: pytest.Pytester,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the tiny model gains nothing from more threads on shared cores

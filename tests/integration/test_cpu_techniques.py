@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 USER_TESTS = '''
 import pytest
 from pytest_transformers_opt import techniques
@@ -92,7 +90,6 @@ def test_flex_padded_batch(opt_bench):
 '''
 
 
-@pytest.mark.suite_cost(30)
 def test_flex_attention_is_judged_honestly(run_user):
     """flex_attention compiles its kernel. On this CPU (torch 2.13 inductor) an unpadded prompt runs and matches
     eager exactly (tests/integration/test_matrix.py, every architecture); a left-padded batch hits an inductor C++

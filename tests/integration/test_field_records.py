@@ -10,7 +10,6 @@ import pytest
 CHEAP = ("--opt-rounds=1", "--opt-warmup=0")
 
 
-@pytest.mark.suite_cost(32)
 def test_a_killed_xdist_worker_loses_neither_its_finished_tests_nor_the_crash(pytester):
     pytester.makepyfile(test_crash='''
 import os

@@ -102,7 +102,6 @@ def test_a_missing_stored_baseline_says_how_to_create_it(run_user, pytester):
     assert any("--opt-update-baselines" in note for note in run.test("test_4bit")["notes"])
 
 
-@pytest.mark.suite_cost(35)
 def test_reports_are_complete_under_xdist(xdist_run):
     """The rows of both inner workers in one report (the shared ``-n 2`` session of tests/conftest.py)."""
     xdist_run.result.assert_outcomes(passed=3, skipped=1)

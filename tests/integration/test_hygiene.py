@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 RSS_CONFTEST = '''
 import json
 import pytest
@@ -55,7 +53,6 @@ def test_other_tiny(opt_bench):
 '''
 
 
-@pytest.mark.suite_cost(22)
 def test_memory_is_released_after_the_last_test_of_a_model(run_user, pytester):
     run = run_user(SESSION_OF_SEVERAL_MODELS, conftest=RSS_CONFTEST)
     run.result.assert_outcomes(passed=3)

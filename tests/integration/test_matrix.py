@@ -99,7 +99,6 @@ def _arch(model: str) -> str:
     return str(tiny_model_config(model).model_type)
 
 
-@pytest.mark.suite_cost(160)
 def test_every_technique_on_every_architecture_passes_or_says_why(run_user, pytester):
     _preimport_architectures()
     run = run_user(MATRIX_TESTS.format(deferred=sorted(DEFERRED)), *MATRIX_ARGS)

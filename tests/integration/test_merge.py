@@ -142,7 +142,6 @@ def scaled(report: dict[str, Any], factor: float, nodeid: str | None = None,
     return report
 
 
-@pytest.mark.suite_cost(36)
 def test_three_shards_merge_into_the_rows_of_one_unsharded_run(runs, capsys, tmp_path):
     full = read(runs["full"])
     assert len(full["tests"]) == 8 and full["summary"]["failed"] == 1 and full["summary"]["skipped"] == 1

@@ -135,9 +135,7 @@ def _pytest_outcomes(result: pytest.RunResult) -> dict[str, str]:
     return outcomes
 
 
-# a fresh process (pytest-xdist: three) importing torch and transformers: 15-30 s a row; the suite starts them first
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.suite_cost(30 if "-n" in row.args else 16))
-                                  if row.subprocess else name for name, row in ROWS.items()])
+@pytest.mark.parametrize("name", list(ROWS))
 def test_the_report_counts_as_pytest_does_beside_another_plugin(pytester: pytest.Pytester, name: str) -> None:
     row = ROWS[name]
     pytester.makepyfile(test_user=PROJECT + row.extra_source)

@@ -55,7 +55,6 @@ def test_prompt_lookup(opt_bench):
 '''
 
 
-@pytest.mark.suite_cost(105)
 @needs_wheel
 def test_real_model_tier_passes_lossless_techniques_with_default_budgets(run_user) -> None:
     run = run_user(TIER, *INNER)
@@ -104,7 +103,6 @@ def test_continuous_batching(opt_bench):
 '''
 
 
-@pytest.mark.suite_cost(60)
 @needs_wheel
 def test_real_model_tier_passes_lossy_techniques_and_continuous_batching_with_default_budgets(run_user) -> None:
     """The healthy lossy techniques pass their measured defaults on the default workload (3 prompts x 24
@@ -179,7 +177,6 @@ def test_same_logits_as_the_converted_model(opt_baseline_model):
 '''
 
 
-@pytest.mark.suite_cost(33)
 @needs_wheel
 def test_wheel_gguf_loads_directly_as_the_converted_model(run_user) -> None:
     """The Q4_1 file through ``opt_model(folder, gguf_file=...)``: the same de-quantized weights and
