@@ -30,6 +30,8 @@ CELL_WORDS = {"passed": "pass", "skipped": "skip", "xfailed": "xfail", "xpassed"
               "error": "error"}
 NOTE_CHARS = 300
 LEADING_VERSIONS = ("torch", "transformers")  # named first; every other package of the report after them
+# packages the report records that no probe reads: a bump of one of them alone leaves every cell as it was
+NOT_PROBED = ("accelerate", "nvidia-ml-py", "tokenizers")
 
 
 def made_on(environment: dict[str, Any]) -> str:
@@ -46,6 +48,16 @@ def made_on(environment: dict[str, Any]) -> str:
     missing = [name for name in others if not versions[name]]
     absent = f"; not installed: {', '.join(missing)}" if missing else ""
     return f"Made on {device} with {', '.join(named)}{absent}."
+
+
+def probed_stack(line: str) -> str:
+    """A "Made on" line without the packages no probe reads: two tables whose lines agree on this can be compared
+    cell by cell (the README's, made on accelerate 1.15.0, against a run on 1.16.0)."""
+    head, _, rest = line.rstrip(".").partition(" with ")
+    installed, _, absent = rest.partition("; not installed: ")
+    kept = [item for item in installed.split(", ") if item.split(" ", 1)[0] not in NOT_PROBED]
+    missing = [name for name in absent.split(", ") if name and name not in NOT_PROBED]
+    return f"{head} with {', '.join(kept)}" + (f"; not installed: {', '.join(missing)}" if missing else "")
 
 
 def _model_of(entry: dict[str, Any]) -> str | None:

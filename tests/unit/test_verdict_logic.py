@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -180,15 +179,11 @@ def test_result_carries_speedup_and_memory_verdicts():
 def _documented_default_budgets() -> dict[tuple[str, str], dict[str, float]]:
     """The documentation's default-similarity table (docs/hooks/reference.py renders it at build time):
     (quality class, column) -> its budgets."""
-    import importlib.util
     import re
 
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("docs_reference", root / "docs" / "hooks" / "reference.py")
-    assert spec is not None and spec.loader is not None
-    reference = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reference)
-    lines = reference.similarity_defaults().splitlines()
+    from doc_examples import reference_hook  # tests/ is on sys.path (pytest's rootdir conftest import)
+
+    lines = reference_hook().similarity_defaults().splitlines()
     columns = [cell.strip() for cell in lines[0].strip("|").split("|")]
     rows = {}
     for line in lines[2:]:
