@@ -1,4 +1,5 @@
-"""Scripts' pieces for the tests: benchmarks/, scripts/ and docs/hooks/ are not packages, so each is loaded from its file."""
+"""Scripts' pieces for the tests: benchmarks/, scripts/ and docs/hooks/ are not packages, so each script is loaded
+from its file."""
 
 from __future__ import annotations
 

@@ -126,7 +126,8 @@ def test_every_technique_on_every_architecture_passes_or_says_why(run_user, pyte
             assert entry["similarity"]["token_match"] == 1.0, (name, model, entry["similarity"])
     # tensor parallelism ran as two torchrun ranks, measured apart from the baseline's rounds, and said so
     assert entries[("tensor_parallel", HEAVY_SAMPLE["tensor_parallel"])]["outcome"] == "passed"
-    sharded = [entry for (name, model), entry in entries.items() if name == "tensor_parallel" and entry["outcome"] == "passed"]
+    sharded = [entry for (name, model), entry in entries.items()
+               if name == "tensor_parallel" and entry["outcome"] == "passed"]
     for entry in sharded:
         assert any("2 torchrun ranks" in note and "not interleaved" in note for note in entry["notes"]), entry["notes"]
         assert entry["optimized"]["peak_memory_bytes"] > 0
@@ -274,7 +275,8 @@ def test_tables_made_on_stacks_that_differ_only_where_no_probe_reads_are_compare
                  readme.replace("tokenizers 0.23.3", "tokenizers 0.24.0").replace("nvidia-ml-py 13.615.71, ", ""),
                  readme.replace("kernels.", "kernels, accelerate.").replace("accelerate 1.15.0, ", "")):
         assert script.probed_stack(same) == script.probed_stack(readme), same
-    for other in (readme.replace("torch 2.13.0+cpu", "torch 2.14.0+cpu"), readme.replace("bitsandbytes 0.50.2", "bitsandbytes 0.51.0"),
+    for other in (readme.replace("torch 2.13.0+cpu", "torch 2.14.0+cpu"),
+                  readme.replace("bitsandbytes 0.50.2", "bitsandbytes 0.51.0"),
                   readme.replace("not installed: flash-attn, kernels", "not installed: flash-attn"),
                   readme.replace("Made on cpu", "Made on cuda (NVIDIA H200)")):
         assert script.probed_stack(other) != script.probed_stack(readme), other
