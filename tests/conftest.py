@@ -58,6 +58,32 @@ _MODEL_CACHE = str(tiny_models.cache_root())
 INNER_ADDOPTS = "-p no:randomly -p no:asyncio"
 
 
+@pytest.hookimpl(tryfirst=True)  # as pytest-xdist's is; registered after it, so this one runs first
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """This suite under ``-n`` steals work unless --dist was given: its tests range from milliseconds to minutes
+    (the real-model tier, the matrix), and under ``load`` one worker was left with a queue of them for the
+    last ~140 s of a 700 s run while the other idled (benchmarks/RESULTS.md, the suite's time). Runs before
+    pytest-xdist's hook, which would make ``-n``'s unset distribution ``load``."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "no":
+        config.option.dist = "worksteal"
+
+
+# The suite's longest tests (40-80 s each on 2 cores), run first: work stealing then fits the short tests around
+# them, where one of them started last kept its worker busy for a minute after the other had finished. Not the
+# tests that share an inner -n 2 session (xdist_run, test_merge's runs): both workers would wait on its lock.
+LONGEST_FIRST = (
+    "test_real_model.py::test_real_model_tier_passes_lossy_techniques_and_continuous_batching_with_default_budgets",
+    "test_compile_cache.py::test_second_run_is_warm_and_a_torch_change_misses",
+    "test_real_model.py::test_real_model_tier_passes_lossless_techniques_with_default_budgets",
+    "test_matrix.py::test_every_technique_on_every_architecture_passes_or_says_why",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.rsplit("/", 1)[-1], len(rank)))  # stable: the rest keep their order
+
+
 @pytest.fixture(autouse=True)
 def _hermetic_inner_runs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Inner pytest runs use the real model cache, see no PYTEST_OPT_* or PYTEST_XDIST_* variable from outside, and run

@@ -92,8 +92,8 @@ def test_flex_padded_batch(opt_bench):
 
 def test_flex_attention_is_judged_honestly(run_user):
     """flex_attention compiles its kernel. On this CPU (torch 2.13 inductor) an unpadded prompt runs and matches
-    eager exactly (tests/integration/test_matrix.py, every architecture); a left-padded batch hits an inductor C++
-    codegen error. Either way the verdict is honest: passed with real figures, or failed (broken is not
+    eager exactly (tests/integration/test_matrix.py: on Qwen3, and on every architecture with OPT_MATRIX=full); a
+    left-padded batch hits an inductor C++ codegen error. Either way the verdict is honest: passed with real figures, or failed (broken is not
     unsupported) naming the stack, never skipped and never a setup error."""
     run = run_user(FLEX_TESTS)
     padded = run.test("test_flex_padded_batch")

@@ -104,15 +104,18 @@ def _split_ran_part_of_the_project(folder: Path, result: pytest.RunResult) -> No
 # pytest-xdist's default distribution (load) runs in the suite's shared `-n 2` session (tests/conftest.py
 # xdist_run); loadgroup, without xdist_group marks, schedules as load does: no row of its own (30 s of the suite)
 ROWS = {
-    "xdist-loadscope": Row(("-n", "2", "--dist", "loadscope"), ("created: 2/2 workers",), subprocess=True),
-    "xdist-worksteal": Row(("-n", "2", "--dist", "worksteal"), ("created: 2/2 workers",), subprocess=True),
+    # rows that need a fresh process share one where two plugins meet as teams run them (-n with --cov, -W error):
+    # each such session costs two workers' torch imports (~30 s of the suite's CPU)
+    "xdist-loadscope+W-error": Row(("-n", "2", "--dist", "loadscope", "-W", "error"), ("created: 2/2 workers",),
+                                   subprocess=True),
+    "xdist-worksteal+cov": Row(("-n", "2", "--dist", "worksteal", "--cov", ".", "--cov-report", "term"),
+                               ("created: 2/2 workers", "*coverage: platform*", "TOTAL*"), subprocess=True,
+                               check=_coverage_measured_the_project),
     "randomly": Row(("-p", "randomly", "--randomly-seed=1234"), ("Using --randomly-seed=1234",)),
     "rerunfailures": Row(("--reruns", "1"), ("*1 failed, 3 passed*1 rerun*",), extra_source=FLAKY_BUDGET_TEST,
                          check=_one_row_with_its_attempts),
     "repeat": Row(("--count", "2"), ("*6 passed*",), check=_each_repeat_is_a_row),
     "timeout": Row(("-p", "timeout", "--timeout", "600"), ("timeout: 600.0s", "timeout method: signal")),
-    "cov": Row(("--cov", ".", "--cov-report", "term"), ("*coverage: platform*", "TOTAL*"), subprocess=True,
-               check=_coverage_measured_the_project),
     "html": Row(("--html", "pytest-html.html", "--self-contained-html"), ("*Generated html report: *pytest-html.html*",),
                 check=_html_has_every_test),
     "benchmark": Row((), ("*benchmark*", "Name (time in *", "*test_own_benchmark*"), extra_source=BENCHMARK_TEST),
@@ -121,7 +124,6 @@ ROWS = {
                    ini="[pytest]\nasyncio_default_fixture_loop_scope = function\n"),
     "strict": Row(("--strict-markers", "--strict-config"), ("*transformers optimization report*",),
                   ini="[pytest]\nopt_report = true\nopt_budgets = enforce\n"),
-    "W-error": Row(("-W", "error"), (), subprocess=True),
     "importlib": Row(("--import-mode=importlib",), ()),
 }
 
