@@ -8,7 +8,9 @@ distributions against the reference's). ``complete_ab`` adds each figure's chang
 
 The verdict is ``--opt-compare-fail``'s, by the same code: the reference plays the earlier run, the candidate
 this one, and a reference is, to itself, perfectly similar. So a timed threshold regresses only when the
-medians moved past the limit **and** the one-sided Mann-Whitney test on both sides' rounds is significant.
+medians moved past the limit **and** a one-sided test on both sides' rounds is significant: on the pairs
+(Wilcoxon signed-rank) where the rounds were taken in turns, so that the machine's noise both sides of a
+round share cancels; unpaired (Mann-Whitney) in ``blocks`` mode, whose rounds are not taken in turns.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..compat import package_version
-from ..verdict.ab import IDENTICAL_STACKS, ab_figures, stack_note, stack_versions, what_differs
-from .compare import (METRICS, NOT_SIGNIFICANT, REGRESSED_TAG, SAMPLE_RULE, Sides, Threshold, compare_test,
-                      limit_text)
+from ..verdict.ab import BLOCKS, IDENTICAL_STACKS, ab_figures, stack_note, stack_versions, what_differs
+from .compare import (METRICS, NOT_SIGNIFICANT, REGRESSED_TAG, SAMPLE_RULES, Sides, Threshold, compare_test,
+                      limit_text, sample_rule_text)
 
-AB_SIDES = Sides(old="reference", new="candidate", record="side")
+AB_SIDES = Sides(old="reference", new="candidate", record="side")  # blocks mode: the rounds are not pairs
+AB_SIDES_PAIRED = Sides(old="reference", new="candidate", record="side", paired=True)  # interleaved rounds
 AB_VERDICTS: tuple[str, ...] = ("regressed", "improved", "ok", "not judged")
 JUDGED = ("regressed", "improved", "ok")
 NOT_JUDGED = "not judged"
@@ -47,14 +50,16 @@ def candidate_stack(packages: Iterable[str]) -> dict[str, Any]:
 def judge_ab(row: Mapping[str, Any], ab: Mapping[str, Any], thresholds: Sequence[Threshold]) -> dict[str, Any]:
     """``{"verdict", "details", "judged"?}`` of one test against ``thresholds`` (``--opt-ab-fail``), judged as
     ``--opt-compare-fail`` judges two reports (``judged`` records: ``old`` is the reference, ``new`` the
-    candidate); ``not judged`` when a side has no measurement."""
+    candidate; interleaved rounds judged on their pairs, ``blocks`` unpaired); ``not judged`` when a side has
+    no measurement."""
     missing = [side for side, part in (("candidate", row.get("optimized")), ("reference", ab.get("optimized")))
                if not isinstance(part, dict)]
     if missing:
         return {"verdict": NOT_JUDGED, "details": [f"no measurement on the {' and '.join(missing)} side"]}
     reference = {"optimized": ab["optimized"], "similarity": dict(_SELF_SIMILARITY)}
     candidate = {"optimized": row["optimized"], "similarity": ab.get("similarity")}
-    return compare_test(reference, candidate, list(thresholds), AB_SIDES)
+    sides = AB_SIDES if ab.get("mode") == BLOCKS else AB_SIDES_PAIRED
+    return compare_test(reference, candidate, list(thresholds), sides)
 
 
 def describe_thresholds(thresholds: Sequence[Threshold]) -> str | None:
@@ -138,9 +143,8 @@ def _regressed_texts(ab: Mapping[str, Any], thresholds: Sequence[Threshold]) -> 
             continue
         pending.remove(record)
         fmt = METRICS[metric].fmt
-        if record.get("rule") == SAMPLE_RULE:
-            rounds = record.get("rounds") or []
-            rule = f"Mann-Whitney p={record['p_value']:.2g}" + (f" on {rounds[0]}+{rounds[1]} rounds" if rounds else "")
+        if record.get("rule") in SAMPLE_RULES:
+            rule = sample_rule_text(record["rule"], record["p_value"], record.get("rounds"))
         else:
             rule = f"median rule: {record.get('note')}"
         interval = interval_text(figure.get("interval_pct"))

@@ -13,8 +13,11 @@ A timed figure is a median over rounds, and two runs' medians differ by noise al
 on a shared machine moves a median of five). Where both reports keep the figure's per-round samples,
 a threshold on it is judged on them, the way ``min_speedup`` is judged within one run: regressed only
 when the medians worsened past the limit **and** a one-sided Mann-Whitney test finds the new rounds
-worse than the old ones moved by the limit, at ``verdict.stats.SIGNIFICANCE``. Otherwise (no samples,
-or too few rounds for any test to reach significance) the medians alone judge, and the detail says so.
+worse than the old ones moved by the limit, at ``verdict.stats.SIGNIFICANCE``. Where the two entries' rounds
+were taken in turns (``Sides.paired``: an ``--opt-ab`` row's interleaved sides), round i of one against round i
+of the other, the test is a one-sided Wilcoxon signed-rank test of the pairs' differences (log-ratios for a
+relative limit) moved by the limit: the machine's noise both rounds of a pair share cancels. Otherwise (no
+samples, or too few rounds for any test to reach significance) the medians alone judge, and the detail says so.
 
 A folder of recorded runs (``--opt-compare=DIR``) is judged by ``report.window``, each test against a window of
 its runs, with the thresholds, figures and texts defined here.
@@ -27,11 +30,12 @@ import math
 import re
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import OptConfigError
 from ..units import finite_number, format_bytes, format_duration, format_ratio, shown
-from ..verdict.stats import SIGNIFICANCE, mann_whitney_greater, min_p_value
+from ..verdict.stats import (SIGNIFICANCE, mann_whitney_greater, min_p_value, min_signed_rank_p_value,
+                              wilcoxon_signed_rank_greater)
 from .schema import load_report, read_notes
 
 
@@ -98,6 +102,9 @@ INCONCLUSIVE_TAG = f": {INCONCLUSIVE}"
 """Suffix of a detail that could not be judged for noise (a window's), so ``summarise`` can show only those."""
 
 SAMPLE_RULE = "mann-whitney"
+PAIRED_RULE = "wilcoxon-signed-rank"
+SAMPLE_RULES = (SAMPLE_RULE, PAIRED_RULE)
+"""The rules that judge a timed threshold on rounds: a p-value, which must be significant."""
 MEDIAN_RULE = "median"
 NOT_SIGNIFICANT = "not significant"
 
@@ -336,6 +343,16 @@ def _ratio_samples(entry: dict[str, Any], metric: str) -> tuple[list[float] | No
     return [t / b for t, b in zip(top, bottom)], None
 
 
+def _every_round(entry: dict[str, Any], metric: str, samples: list[float]) -> bool:
+    """The metric's samples hold one value for every round its side ran (``rounds``), so sample i is round i.
+    TTFT, TPOT and throughput keep only the rounds that measured them: with one missing, which is unknown."""
+    side: Any = entry
+    for step in METRICS[metric].path[:-1]:
+        side = side.get(step) if isinstance(side, dict) else None
+    count = side.get("rounds") if isinstance(side, dict) else None
+    return isinstance(count, int) and not isinstance(count, bool) and count == len(samples)
+
+
 def _finite(values: Any) -> list[float] | None:
     """``values`` as floats: None unless a non-empty list of finite numbers."""
     if not isinstance(values, list) or not values:
@@ -347,11 +364,15 @@ def _finite(values: Any) -> list[float] | None:
 @dataclass(frozen=True)
 class Sides:
     """What a verdict's details call its two entries: an earlier and this report (``--opt-compare``), or
-    the reference environment and this one (``--opt-ab``): ``the {old} run``, ``the {new} {record}``."""
+    the reference environment and this one (``--opt-ab``): ``the {old} run``, ``the {new} {record}``.
+
+    ``paired``: the two entries' rounds were taken in turns on one machine (round i of each next to the
+    other), so a timed threshold is judged on the pairs where both keep every round, as many on each side."""
 
     old: str = "old"
     new: str = "new"
     record: str = "report"
+    paired: bool = False
 
 
 REPORTS = Sides()
@@ -361,11 +382,19 @@ REPORTS = Sides()
 class _Rule:
     """How one timed threshold is judged: on both runs' rounds (the p-values), or on the medians alone (and why)."""
 
-    name: str  # SAMPLE_RULE or MEDIAN_RULE
+    name: str  # SAMPLE_RULE, PAIRED_RULE or MEDIAN_RULE
     why: str | None = None  # the median rule's reason
     p_worse: float = 1.0  # one-sided: the new rounds are worse than the old ones moved by the limit
     p_better: float = 1.0  # one-sided: the new rounds are better than the old ones moved by the limit
     rounds: tuple[int, int] | None = None  # (old, new)
+
+
+def sample_rule_text(rule: str, p_value: float, rounds: Sequence[int] | None) -> str:
+    """How a sample rule judged: ``Mann-Whitney p=0.0011 on 6+6 rounds``, ``Wilcoxon signed-rank p=0.002 on 10
+    pairs``."""
+    if rule == PAIRED_RULE:
+        return f"Wilcoxon signed-rank p={p_value:.2g}" + (f" on {rounds[0]} pairs" if rounds else "")
+    return f"Mann-Whitney p={p_value:.2g}" + (f" on {rounds[0]}+{rounds[1]} rounds" if rounds else "")
 
 
 def _moved(samples: list[float], threshold: Threshold, direction: int) -> list[float]:
@@ -377,11 +406,13 @@ def _moved(samples: list[float], threshold: Threshold, direction: int) -> list[f
 
 def _rule(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, Any], old: float, new: float,
           sides: Sides = REPORTS) -> _Rule:
-    """The sample rule where both reports keep rounds that can reach significance; else the median rule and why."""
+    """The sample rule where both reports keep rounds that can reach significance (on their pairs where ``sides``
+    are paired and the rounds are, else unpaired); else the median rule and why."""
     metric = threshold.metric
     if threshold.relative and old == 0:
         return _Rule(MEDIAN_RULE, f"the {sides.old} median is 0")
     rounds: dict[str, list[float]] = {}
+    aligned = sides.paired and METRICS[metric].ratio_of is None  # a ratio's rounds are already each run's pairs
     for side, entry, figure in ((sides.old, old_entry, old), (sides.new, new_entry, new)):
         if METRICS[metric].ratio_of is not None:
             ratios, why = _ratio_samples(entry, metric)
@@ -396,13 +427,41 @@ def _rule(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, 
         if not math.isclose(statistics.median(samples), figure, rel_tol=1e-6, abs_tol=1e-12):
             return _Rule(MEDIAN_RULE, f"the {side} {sides.record}'s {metric} samples do not give its median")
         rounds[side] = samples
+        aligned = aligned and _every_round(entry, metric, samples)
     before, after = rounds[sides.old], rounds[sides.new]
+    # fewer than 5 pairs cannot reach significance on their signs; 4+4 unpaired rounds still can
+    if aligned and len(before) == len(after) and min_signed_rank_p_value(len(before)) < SIGNIFICANCE:
+        differences = _paired_differences(threshold, before, after)
+        if differences is not None:
+            up, down = (wilcoxon_signed_rank_greater(d) for d in differences)
+            return _directed(PAIRED_RULE, metric, up, down, (len(before), len(after)))
     if min_p_value(len(after), len(before)) >= SIGNIFICANCE:
         return _Rule(MEDIAN_RULE, f"too few rounds ({len(before)}+{len(after)}) for a significance test")
     p_up = mann_whitney_greater(after, _moved(before, threshold, +1))
     p_down = mann_whitney_greater(_moved(before, threshold, -1), after)
+    return _directed(SAMPLE_RULE, metric, p_up, p_down, (len(before), len(after)))
+
+
+def _directed(name: str, metric: str, p_up: float, p_down: float, rounds: tuple[int, int]) -> _Rule:
+    """A sample rule from its one-sided p-values, up (the new rounds above the old ones moved up by the limit)
+    and down, worse and better in the metric's direction."""
     worse, better = (p_down, p_up) if METRICS[metric].higher_is_better else (p_up, p_down)
-    return _Rule(SAMPLE_RULE, p_worse=worse, p_better=better, rounds=(len(before), len(after)))
+    return _Rule(name, p_worse=worse, p_better=better, rounds=rounds)
+
+
+def _paired_differences(threshold: Threshold, before: list[float], after: list[float]
+                        ) -> tuple[list[float], list[float]] | None:
+    """Per pair (round i of each side), the new round above the old one moved up by the limit, and the old one
+    moved down below the new one: what ``_moved`` tests unpaired. In logs for a relative limit, so that a
+    slowdown of the whole machine scales a pair without moving its difference; None where a value is not
+    positive (no log: the unpaired rule judges)."""
+    up_moved, down_moved = _moved(before, threshold, +1), _moved(before, threshold, -1)
+    if not threshold.relative:
+        return [n - o for n, o in zip(after, up_moved)], [o - n for n, o in zip(after, down_moved)]
+    if min(*before, *after, *down_moved) <= 0:
+        return None
+    return ([math.log(n) - math.log(o) for n, o in zip(after, up_moved)],
+            [math.log(o) - math.log(n) for n, o in zip(after, down_moved)])
 
 
 def judge_threshold(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, Any], sides: Sides = REPORTS
@@ -424,7 +483,7 @@ def judge_threshold(threshold: Threshold, old_entry: dict[str, Any], new_entry: 
     amount = worsening(metric, old, new, threshold.relative)
     worse, better = beyond_limit(amount, threshold.limit), beyond_limit(-amount, threshold.limit)
     rule = _rule(threshold, old_entry, new_entry, old, new, sides) if METRICS[metric].timed else None
-    if rule is not None and rule.name == SAMPLE_RULE:  # the medians must move past the limit, and significantly
+    if rule is not None and rule.name in SAMPLE_RULES:  # the medians must move past the limit, and significantly
         significant_worse, significant_better = rule.p_worse < SIGNIFICANCE, rule.p_better < SIGNIFICANCE
     else:
         significant_worse = significant_better = True
@@ -436,9 +495,9 @@ def judge_threshold(threshold: Threshold, old_entry: dict[str, Any], new_entry: 
         ratio = new / old if old != 0 else None
         p_value = None
         note = rule.why
-        if rule.name == SAMPLE_RULE:
+        if rule.name in SAMPLE_RULES:
             p_value = rule.p_worse if amount >= 0 else rule.p_better
-            rule_text = f"Mann-Whitney p={p_value:.2g} on {rule.rounds[0]}+{rule.rounds[1]} rounds" if rule.rounds else ""
+            rule_text = sample_rule_text(rule.name, p_value, rule.rounds)
             if verdict == "ok" and (worse or better):
                 note = NOT_SIGNIFICANT
                 # only a possible regression is "within noise"; an improvement that did not reach

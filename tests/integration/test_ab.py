@@ -17,7 +17,7 @@ import pytest
 from benchmark_scripts import ab_study  # noqa: E402  (tests/ is on sys.path): the reference wrapper
 from slowdown import sleepy_conftest  # noqa: E402
 
-AB_ROUNDS = ("--opt-rounds=6",)  # enough rounds per side for the rank test to reach significance
+AB_ROUNDS = ("--opt-rounds=6",)  # enough rounds for the rank tests to reach significance (6 pairs: 1/64)
 
 TWO_TESTS = '''
 import pytest
@@ -109,7 +109,11 @@ def test_a_null_ab_passes_and_a_slowed_candidate_fails_the_run_with_one_line(run
     assert ab["verdict"] == "regressed", ab
     latency = ab["figures"]["latency"]
     assert latency["change_pct"] > 50 and latency["p_value"] < 0.05
-    slowed.result.stdout.fnmatch_lines(["AB REGRESSED *test_sleepy: latency*",
+    # interleaved rounds: judged on their pairs, round i of each side
+    pairs = ab["optimized"]["rounds"]
+    assert [(j["rule"], j["rounds"]) for j in ab["judged"]] == [("wilcoxon-signed-rank", [pairs, pairs])], ab
+    slowed.result.stdout.fnmatch_lines([f"AB REGRESSED *test_sleepy: latency*Wilcoxon signed-rank p=* on {pairs} "
+                                        "pairs)",
                                         "*1 test regressed past --opt-ab-fail=latency:20% against the reference*"])
 
 
@@ -252,6 +256,7 @@ def test_blocks_mode_runs_the_environments_in_alternating_blocks_and_says_so(run
     assert ab["swap_s"] == 0.0  # a CPU device: nowhere to move the waiting model to
     assert ab["optimized"]["rounds"] == 10 and len(ab["optimized"]["latency_samples_s"]) == 10
     assert ab["verdict"] == "improved", ab
+    assert [(j["rule"], j["rounds"]) for j in ab["judged"]] == [("mann-whitney", [10, 10])]  # blocks: unpaired
     assert ab["figures"]["latency"]["change_pct"] < -25
     assert ab["similarity"]["kl_mean"] < 1e-6 and ab["similarity"]["top1"] == 1.0
     assert any("alternating blocks of 5" in note and "unpaired" in note for note in run.test("test_sleepy")["notes"])

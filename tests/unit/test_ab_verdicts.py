@@ -5,6 +5,7 @@ across environments, what differs between two stacks, and the session end's line
 from __future__ import annotations
 
 import copy
+import statistics
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,9 +23,17 @@ from pytest_transformers_opt.verdict.ab import (AB_METRICS, IDENTICAL_STACKS, RE
 
 SLOWER = [r * 1.10 for r in REFERENCE_ROUNDS]  # the candidate 10% slower, round by round
 SAME = REFERENCE_ROUNDS[5:] + REFERENCE_ROUNDS[:5]  # the same rounds in another order: a null
-# Medians 8% apart, but rounds this spread apart cannot tell 8% from 5%.
+# Medians 8% apart, but rounds this spread apart cannot tell 8% from 5%: the machine's noise is the candidate's
+# own (its rounds in another order than the reference's), so no pair tells more than the rounds do.
 NOISY_REFERENCE = [0.100, 0.130, 0.070, 0.115, 0.085, 0.125, 0.075, 0.100, 0.120, 0.080]
-NOISY_SLOWER = [0.108, 0.150, 0.072, 0.125, 0.090, 0.140, 0.078, 0.108, 0.131, 0.083]
+NOISY_SLOWER = [0.140, 0.078, 0.108, 0.131, 0.083, 0.108, 0.150, 0.072, 0.125, 0.090]
+# The same spread shared by both sides of each round (the machine slow or quick for a whole turn), every
+# candidate round 6% to 8% slower than the reference's beside it.
+SHARED_NOISE_SLOWER = [r * f for r, f in zip(NOISY_REFERENCE, (1.07, 1.065, 1.075, 1.07, 1.08, 1.06, 1.072, 1.068,
+                                                              1.074, 1.066))]
+# And a null: each candidate round within 1% of the reference's beside it.
+SHARED_NOISE_SAME = [r * f for r, f in zip(NOISY_REFERENCE, (1.01, 0.99, 1.005, 0.995, 1.0, 1.008, 0.992, 1.003,
+                                                            0.997, 1.0))]
 
 
 def gate(text: str) -> list[Any]:
@@ -99,7 +108,9 @@ def test_a_ten_percent_slower_candidate_is_regressed_at_latency_5_percent() -> N
     record = judged(SLOWER, REFERENCE_ROUNDS, "latency:5%")
     assert record["verdict"] == "regressed"
     [judgement] = record["judged"]
-    assert judgement["rule"] == "mann-whitney" and judgement["p_value"] < 0.05 and judgement["rounds"] == [10, 10]
+    # interleaved rounds: judged on their pairs
+    assert judgement["rule"] == "wilcoxon-signed-rank" and judgement["rounds"] == [10, 10]
+    assert judgement["p_value"] < 0.01  # every pair +10%: ten tied differences, the normal approximation's p
     assert judgement["old"] == pytest.approx(0.1001) and judgement["new"] == pytest.approx(0.1001 * 1.1)
     # past 15% it is within the limit: the threshold is needed as well as significance
     assert judged(SLOWER, REFERENCE_ROUNDS, "latency:15%")["verdict"] == "ok"
@@ -117,12 +128,95 @@ def test_a_slower_median_without_significance_is_ok_within_noise() -> None:
     record = judged(NOISY_SLOWER, NOISY_REFERENCE, "latency:5%")
     assert record["figures"]["latency"]["change_pct"] > 5.0  # the medians moved past the limit ...
     assert record["verdict"] == "ok"  # ... but not significantly
-    assert record["judged"][0]["note"] == "not significant"
+    assert record["judged"][0]["note"] == "not significant" and record["judged"][0]["rule"] == "wilcoxon-signed-rank"
+    assert record["details"][0].endswith(" on 10 pairs, not significant: ok")
     test = row("t.py::test_a", NOISY_SLOWER, record)
     assert ab_line(report(test), test).endswith("; ok (latency within noise)")
     lines, failure = gate_lines(report(test), gate("latency:5%"), "--opt-ab-fail=latency:5%")
     assert failure is None
     assert "AB within noise t.py::test_a: latency moved past the limit, not significantly: ok" in lines
+
+
+def test_interleaved_rounds_are_judged_on_their_pairs_where_unpaired_rounds_cannot_tell() -> None:
+    """The point of the paired rule: every round 6-8% slower than the reference's beside it, under a spread of
+    +-30% the two share. On the pairs the shared noise cancels and 7% is told from 5%; the same samples ranked
+    unpaired (blocks mode, whose rounds are not taken in turns) cannot tell, and stay ok."""
+    paired = judged(SHARED_NOISE_SLOWER, NOISY_REFERENCE, "latency:5%")
+    [judgement] = paired["judged"]
+    assert paired["verdict"] == "regressed" and paired["figures"]["latency"]["change_pct"] == pytest.approx(6.9)
+    assert judgement["rule"] == "wilcoxon-signed-rank" and judgement["rounds"] == [10, 10]
+    assert judgement["p_value"] == pytest.approx(1 / 1024)  # every pair past +5%
+    assert paired["details"][0] == ("latency 100.0 ms -> 106.9 ms (+6.9%, limit 5%), ratio 1.07x, Wilcoxon "
+                                    "signed-rank p=0.00098 on 10 pairs: regressed")
+    unpaired = judged(SHARED_NOISE_SLOWER, NOISY_REFERENCE, "latency:5%", mode="blocks")
+    [judgement] = unpaired["judged"]
+    assert unpaired["verdict"] == "ok" and judgement["note"] == "not significant"
+    assert judgement["rule"] == "mann-whitney" and judgement["p_value"] > 0.05 and judgement["rounds"] == [10, 10]
+    assert unpaired["details"][0].endswith("Mann-Whitney p=0.34 on 10+10 rounds, not significant: ok")
+
+
+def test_a_null_under_shared_noise_is_ok_and_the_paired_rule_is_rendered_where_mann_whitney_is() -> None:
+    null = judged(SHARED_NOISE_SAME, NOISY_REFERENCE, "latency:5%")
+    assert null["verdict"] == "ok" and null["judged"][0]["rule"] == "wilcoxon-signed-rank"
+    assert null["judged"][0]["p_value"] > 0.5 and null["judged"][0]["note"] is None
+    # the gate's line, the report (schema-valid) and the row's line (the terminal's, the Markdown's and the HTML's)
+    made = report(row("t.py::test_a", SHARED_NOISE_SLOWER, ab_record(NOISY_REFERENCE)))
+    complete_ab(made, gate("latency:5%"), CANDIDATE)
+    validate_report(made)
+    lines, failure = gate_lines(made, gate("latency:5%"), "--opt-ab-fail=latency:5%")
+    assert lines[0].startswith("AB REGRESSED t.py::test_a: latency +6.9% [")
+    assert lines[0].endswith("(reference 100.0 ms, candidate 106.9 ms; limit 5%, Wilcoxon signed-rank p=0.00098 on "
+                             "10 pairs)")
+    assert failure is not None and ab_line(made, made["tests"][0]).endswith("; regressed")
+
+
+def test_the_paired_rule_judges_an_improvement_and_mirrors_throughput() -> None:
+    """The reference 6-8% slower in every pair is an improvement; throughput, higher is better, regresses when
+    it falls past the limit in every pair, and improves when it rises."""
+    faster = judged(NOISY_REFERENCE, SHARED_NOISE_SLOWER, "latency:5%")
+    assert faster["verdict"] == "improved" and faster["judged"][0]["rule"] == "wilcoxon-signed-rank"
+    assert faster["judged"][0]["p_value"] < 0.01
+    assert judged(NOISY_REFERENCE, SHARED_NOISE_SLOWER, "latency:5%", mode="blocks")["verdict"] == "ok"
+
+    def throughput(candidate_rounds: list[float], reference_rounds: list[float], mode: str) -> dict[str, Any]:
+        test = row("t.py::test_a", candidate_rounds, ab_record(reference_rounds, mode=mode))
+        for side, rounds in ((test["optimized"], candidate_rounds), (test["ab"]["optimized"], reference_rounds)):
+            side["throughput_samples_tok_s"] = [8 / r for r in rounds]  # 8 tokens a round
+            side["throughput_tok_s"] = statistics.median(side["throughput_samples_tok_s"])
+        return judge_ab(test, test["ab"], gate("throughput:5%"))
+
+    slower = throughput(SHARED_NOISE_SLOWER, NOISY_REFERENCE, "interleaved")
+    assert slower["verdict"] == "regressed" and slower["judged"][0]["rule"] == "wilcoxon-signed-rank"
+    assert slower["details"][0].startswith("throughput 80.0 tok/s -> 74.8 tok/s (-6.5%, limit -5%)")
+    assert throughput(SHARED_NOISE_SLOWER, NOISY_REFERENCE, "blocks")["verdict"] == "ok"
+    assert throughput(NOISY_REFERENCE, SHARED_NOISE_SLOWER, "interleaved")["verdict"] == "improved"
+    assert throughput(SHARED_NOISE_SAME, NOISY_REFERENCE, "interleaved")["verdict"] == "ok"
+
+
+def test_rounds_that_are_not_pairs_are_judged_unpaired() -> None:
+    """Unequal counts (a side ran a round more), or a figure that kept fewer samples than its side ran rounds
+    (TTFT where a round did not measure it: which round is unknown), are ranked unpaired."""
+    unequal = judged(SHARED_NOISE_SLOWER, NOISY_REFERENCE[:9], "latency:5%")
+    assert unequal["judged"][0]["rule"] == "mann-whitney" and unequal["judged"][0]["rounds"] == [9, 10]
+    for kept, rule in ((10, "wilcoxon-signed-rank"), (9, "mann-whitney")):
+        test = row("t.py::test_a", SHARED_NOISE_SLOWER, ab_record(NOISY_REFERENCE))
+        for side, rounds in ((test["optimized"], SHARED_NOISE_SLOWER), (test["ab"]["optimized"], NOISY_REFERENCE)):
+            side["ttft_samples_s"] = [r / 4 for r in rounds[:kept]]
+            side["ttft_s"] = statistics.median(side["ttft_samples_s"])
+        [judgement] = judge_ab(test, test["ab"], gate("ttft:5%"))["judged"]
+        assert judgement["rule"] == rule and judgement["rounds"] == [kept, kept], kept
+
+
+def test_fewer_than_five_pairs_are_ranked_unpaired_or_judged_by_the_medians() -> None:
+    """Four pairs cannot reach p < 0.05 on their signs (1/16 at best): 4+4 rounds ranked unpaired still can
+    (1/70), as before the paired rule; three, neither: the medians alone, saying why."""
+    four = judged(SLOWER[:4], REFERENCE_ROUNDS[:4], "latency:5%")
+    assert four["verdict"] == "regressed" and four["judged"][0]["rule"] == "mann-whitney"
+    assert four["judged"][0]["rounds"] == [4, 4]
+    three = judged(SLOWER[:3], REFERENCE_ROUNDS[:3], "latency:5%")
+    assert three["verdict"] == "regressed" and three["judged"][0]["rule"] == "median"
+    assert three["judged"][0]["note"] == "too few rounds (3+3) for a significance test"
+    assert three["details"][0].endswith("median rule: too few rounds (3+3) for a significance test: regressed")
 
 
 def test_kl_mean_is_judged_on_the_cross_environment_similarity() -> None:
@@ -218,8 +312,7 @@ def test_the_gate_lines_name_each_regressed_test_with_its_interval_limit_and_p_v
     complete_ab(made, thresholds, CANDIDATE)
     lines, failure = gate_lines(made, thresholds, "--opt-ab-fail=latency:5%")
     assert lines[0].startswith("AB REGRESSED t.py::test_a: latency +10.0% [+10.0%, +10.0%] (reference 100.1 ms, "
-                               "candidate 110.1 ms; limit 5%, Mann-Whitney p=")
-    assert lines[0].endswith(" on 10+10 rounds)")
+                               "candidate 110.1 ms; limit 5%, Wilcoxon signed-rank p=0.0014 on 10 pairs)")
     assert lines[1:] == ["A/B: 1 regressed, 0 improved, 1 ok, 0 not judged (--opt-ab-fail=latency:5% against the "
                          "reference /venv/reference/bin/python)"]
     assert failure == ("1 test regressed past --opt-ab-fail=latency:5% against the reference "

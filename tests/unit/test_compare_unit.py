@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_transformers_opt.report.compare import (METRICS, Threshold, compare_reports, load_compare_report,
-                                             parse_compare_fail, summarise)
+from pytest_transformers_opt.report.compare import (METRICS, Sides, Threshold, compare_reports, compare_test,
+                                                    load_compare_report, parse_compare_fail, summarise)
 from pytest_transformers_opt.errors import OptConfigError
 from pytest_transformers_opt.report.schema import validate_report
 from pytest_transformers_opt.verdict.stats import SIGNIFICANCE
@@ -600,3 +600,49 @@ def test_speedup_falls_back_to_the_median_rule_without_paired_rounds() -> None:
     edited["baseline"]["latency_s"] = 0.5  # samples that do not give the side's median: trust neither
     assert one(old, edited, "speedup:10%")["judged"][0]["note"] == (
         "the new report keeps no per-round latency samples that give both sides' medians")
+
+
+# --- the paired rule (Sides.paired: an --opt-ab row's rounds, taken in turns) ---------------------------------
+
+SHARED_MS = [10.0, 13.0, 7.0, 11.5, 8.5, 12.5, 7.5, 10.0, 12.0, 8.0]  # one machine's slow and quick turns: +-30%
+PAIRED = Sides(paired=True)
+
+
+def test_paired_sides_judge_an_absolute_limit_on_the_pairs_differences() -> None:
+    """Every round 1.5-1.6 ms slower than the one beside it, against a 1 ms limit: the pairs tell, the same
+    rounds ranked unpaired (two reports' rounds are no pairs) do not."""
+    old, new = sampled(SHARED_MS), sampled([v + 1.5 + 0.01 * i for i, v in enumerate(SHARED_MS)])
+    thresholds = parse_compare_fail("latency:0.001")
+    paired = compare_test(old, new, thresholds, PAIRED)
+    (judged,) = paired["judged"]
+    assert paired["verdict"] == "regressed" and judged["rule"] == "wilcoxon-signed-rank"
+    assert judged["p_value"] == pytest.approx(1 / 1024) and judged["rounds"] == [10, 10]
+    assert paired["details"][0] == ("latency 10.0 ms -> 11.5 ms (+1.5 ms, limit +1.0 ms), ratio 1.15x, "
+                                    "Wilcoxon signed-rank p=0.00098 on 10 pairs: regressed")
+    unpaired = compare_test(old, new, thresholds)
+    assert unpaired["verdict"] == "ok" and unpaired["judged"][0]["rule"] == "mann-whitney"
+    assert unpaired["judged"][0]["note"] == "not significant"
+
+
+def test_paired_sides_fall_back_to_mann_whitney_where_the_rounds_are_not_pairs_or_take_no_log() -> None:
+    old, new = sampled(SHARED_MS), sampled([v * 1.2 for v in SHARED_MS])
+    thresholds = parse_compare_fail("latency:10%")
+    assert compare_test(old, new, thresholds, PAIRED)["judged"][0]["rule"] == "wilcoxon-signed-rank"
+    zero = sampled([0.0, *SHARED_MS[1:]])  # a round of 0 s: no log-ratio, the rounds ranked unpaired
+    result = compare_test(zero, new, thresholds, PAIRED)
+    assert result["judged"][0]["rule"] == "mann-whitney" and result["judged"][0]["note"] == "not significant"
+    missing = copy.deepcopy(new)
+    missing["optimized"]["rounds"] = 11  # a round its samples do not hold: which one is unknown
+    assert compare_test(old, missing, thresholds, PAIRED)["judged"][0]["rule"] == "mann-whitney"
+    (shorter,) = compare_test(old, sampled([v * 1.2 for v in SHARED_MS[:9]]), thresholds, PAIRED)["judged"]
+    assert shorter["rule"] == "mann-whitney" and shorter["rounds"] == [10, 9]
+
+
+def test_a_paired_relative_limit_is_against_the_old_rounds_moved_by_it() -> None:
+    """Every pair 12% slower: significantly slower, and past +10% in each pair; 9% is within it, each pair, ok."""
+    old = sampled(SHARED_MS)
+    past = compare_test(old, sampled([v * 1.12 for v in SHARED_MS]), parse_compare_fail("latency:10%"), PAIRED)
+    assert past["verdict"] == "regressed"
+    within = compare_test(old, sampled([v * 1.09 for v in SHARED_MS]), parse_compare_fail("latency:10%"), PAIRED)
+    assert within["verdict"] == "ok" and within["judged"][0]["note"] is None
+    assert within["judged"][0]["p_value"] > 0.5
