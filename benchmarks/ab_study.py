@@ -32,7 +32,9 @@ all three:
     python benchmarks/ab_study.py --pair [--reference PYTHON] [--model smollm2-135m]
         [--techniques sdpa,static_cache,compile] [--runs 1] [--out FILE] [-- PYTEST_ARGS]
 
-Both print a Markdown table for benchmarks/RESULTS.md, headed by the exact command line.
+Both print a Markdown table for benchmarks/RESULTS.md, headed by the exact command line. The study's table also
+shows its sessions judged again by the rule before pairs (Mann-Whitney on unpaired rounds), from the same reports:
+the two rules compared on the same rounds, the machine's drift between sessions out of the comparison.
 """
 
 from __future__ import annotations
@@ -180,6 +182,8 @@ class ABRow:
     similarity: dict[str, Any] = field(default_factory=dict)
     note: str | None = None
     why: str = ""  # a skip reason or the error's first line
+    gate: dict[str, Any] = field(default_factory=dict)  # the gate's judged latency record: its rule and p-value
+    unpaired_verdict: str | None = None  # the same record judged by Mann-Whitney on unpaired rounds
 
     def change(self, metric: str = "latency") -> float | None:
         return (self.figures.get(metric) or {}).get("change_pct")
@@ -188,16 +192,25 @@ class ABRow:
         return (self.figures.get(metric) or {}).get("p_value")
 
 
-def ab_rows(report: dict[str, Any]) -> list[ABRow]:
-    """Every test row of a JSON report with its ``ab`` record (``verdict``, ``figures``, ``similarity``, ``note``)."""
+def ab_rows(report: dict[str, Any], ab_fail: str | None = None) -> list[ABRow]:
+    """Every test row of a JSON report with its ``ab`` record (``verdict``, ``figures``, ``similarity``, ``note``);
+    with ``ab_fail``, each judged record judged again on unpaired rounds (Mann-Whitney, the rule before pairs)."""
+    from pytest_transformers_opt.report.ab import judge_ab
+    from pytest_transformers_opt.report.compare import parse_compare_fail
+
+    thresholds = parse_compare_fail(ab_fail, "--ab-fail") if ab_fail else []
     rows = []
     for test in report.get("tests", []):
         ab = test.get("ab") or {}
         why = (test.get("skip_reason") or next(iter(str(test.get("error") or "").strip().splitlines()), "")
                or ("; ".join(map(str, ab.get("details") or [])) if ab.get("verdict") not in JUDGED else ""))
+        gate = next((record for record in ab.get("judged") or [] if record.get("metric") == "latency"), {})
+        unpaired = (judge_ab(test, ab, thresholds, paired=False)["verdict"]
+                    if thresholds and ab.get("verdict") in JUDGED else None)
         rows.append(ABRow(test=test["nodeid"].rsplit("::", 1)[-1], outcome=test.get("outcome", "?"),
                           verdict=ab.get("verdict"), figures=ab.get("figures") or {},
-                          similarity=ab.get("similarity") or {}, note=ab.get("note"), why=why))
+                          similarity=ab.get("similarity") or {}, note=ab.get("note"), why=why, gate=gate,
+                          unpaired_verdict=unpaired))
     return rows
 
 
@@ -220,6 +233,11 @@ class Session:
     def any_is(self, verdict: str) -> bool:
         return verdict in self.verdicts
 
+    def unpaired(self) -> "Session":
+        """This session as the unpaired rule judged it (rows without that verdict keep theirs)."""
+        rows = [ABRow(row.test, row.outcome, row.unpaired_verdict or row.verdict) for row in self.rows]
+        return Session(self.scenario, self.status, rows, self.seconds)
+
 
 @dataclass
 class Tally:
@@ -233,7 +251,8 @@ class Tally:
     not_judged: int  # tests without a verdict
     identical_stacks: int  # sessions whose every A/B record says "identical stacks"
     changes: list[float]  # latency change_pct of every judged test
-    p_values: list[float]
+    p_values: list[float]  # the gate's latency p-value of every judged test
+    rules: list[str]  # the rule that judged each
     seconds: float
     problems: list[str]
 
@@ -253,7 +272,8 @@ def tally(sessions: Sequence[Session], scenario: str) -> Tally:
         not_judged=sum(row.verdict not in JUDGED for row in rows),
         identical_stacks=sum(bool(s.rows) and all(row.note == "identical stacks" for row in s.rows) for s in mine),
         changes=[c for row in rows if (c := row.change()) is not None],
-        p_values=[p for row in rows if (p := row.p_value()) is not None],
+        p_values=[p for row in rows if (p := row.gate.get("p_value")) is not None],
+        rules=sorted({str(row.gate["rule"]) for row in rows if row.gate.get("rule")}),
         seconds=sum(s.seconds for s in mine), problems=problems)
 
 
@@ -270,8 +290,13 @@ def study_table(sessions: Sequence[Session], *, command: str, model: str, techni
              f"{model}, tests: {', '.join(techniques)}; --opt-ab-fail={ab_fail}; slowed side: +{slowdown:g}% of each "
              f"forward (busy-wait); {len(sessions)} sessions, {wall:.0f} s", "",
              "| scenario | sessions | every test as expected | any `regressed` | any `improved` | exit 1 | other exit | "
-             "tests not judged | identical stacks noted | latency change, median (min to max) | p, median (min to max) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "tests not judged | identical stacks noted | latency change, median (min to max) | gate's p, median (min "
+             "to max) | rule |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    earlier = ["", "The same sessions, each A/B record judged again by the rule before pairs (one-sided Mann-Whitney "
+               "of the candidate's rounds against the reference's moved by the limit, unpaired):", "",
+               "| scenario | sessions | every test as expected | any `regressed` | any `improved` |",
+               "| --- | --- | --- | --- | --- |"]
     problems: list[str] = []
     for scenario, expected in SCENARIOS.items():
         t = tally(sessions, scenario)
@@ -279,8 +304,14 @@ def study_table(sessions: Sequence[Session], *, command: str, model: str, techni
             continue
         lines.append(f"| {scenario} | {t.sessions} | {t.as_expected} (`{expected}`) | {t.any_regressed} | "
                      f"{t.any_improved} | {t.exit_1} | {t.other_exit} | {t.not_judged} | {t.identical_stacks} | "
-                     f"{_spread(t.changes, lambda v: f'{v:+.1f}%')} | {_spread(t.p_values, lambda v: f'{v:.2g}')} |")
+                     f"{_spread(t.changes, lambda v: f'{v:+.1f}%')} | {_spread(t.p_values, lambda v: f'{v:.2g}')} | "
+                     f"{', '.join(t.rules) or '-'} |")
         problems += [f"{scenario}: {p}" for p in t.problems]
+        u = tally([s.unpaired() for s in sessions], scenario)
+        earlier.append(f"| {scenario} | {u.sessions} | {u.as_expected} (`{expected}`) | {u.any_regressed} | "
+                       f"{u.any_improved} |")
+    if any(row.unpaired_verdict for s in sessions for row in s.rows):
+        lines += earlier
     if problems:
         lines += ["", "Not judged:", *(f"- {p}" for p in problems)]
     return "\n".join(lines)
@@ -378,7 +409,7 @@ def _session(scenario: str, runner: SessionRunner, root: Path, report: Path, kee
     if keep is not None and report.exists():
         keep.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(report, keep / report.name)
-    return Session(scenario, status, ab_rows(data) if data else [], time.perf_counter() - started,
+    return Session(scenario, status, ab_rows(data, kwargs.get("ab_fail")) if data else [], time.perf_counter() - started,
                    (data or {}).get("ab") or {}, tail)
 
 

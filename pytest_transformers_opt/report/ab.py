@@ -47,18 +47,21 @@ def candidate_stack(packages: Iterable[str]) -> dict[str, Any]:
             "versions": {name: package_version(name) for name in packages if name != "python"}}
 
 
-def judge_ab(row: Mapping[str, Any], ab: Mapping[str, Any], thresholds: Sequence[Threshold]) -> dict[str, Any]:
+def judge_ab(row: Mapping[str, Any], ab: Mapping[str, Any], thresholds: Sequence[Threshold], *,
+             paired: bool | None = None) -> dict[str, Any]:
     """``{"verdict", "details", "judged"?}`` of one test against ``thresholds`` (``--opt-ab-fail``), judged as
     ``--opt-compare-fail`` judges two reports (``judged`` records: ``old`` is the reference, ``new`` the
-    candidate; interleaved rounds judged on their pairs, ``blocks`` unpaired); ``not judged`` when a side has
-    no measurement."""
+    candidate; interleaved rounds judged on their pairs, ``blocks`` unpaired, or as ``paired`` says: the A/B
+    study judges the same sessions both ways); ``not judged`` when a side has no measurement."""
     missing = [side for side, part in (("candidate", row.get("optimized")), ("reference", ab.get("optimized")))
                if not isinstance(part, dict)]
     if missing:
         return {"verdict": NOT_JUDGED, "details": [f"no measurement on the {' and '.join(missing)} side"]}
     reference = {"optimized": ab["optimized"], "similarity": dict(_SELF_SIMILARITY)}
     candidate = {"optimized": row["optimized"], "similarity": ab.get("similarity")}
-    sides = AB_SIDES if ab.get("mode") == BLOCKS else AB_SIDES_PAIRED
+    if paired is None:
+        paired = ab.get("mode") != BLOCKS
+    sides = AB_SIDES_PAIRED if paired else AB_SIDES
     return compare_test(reference, candidate, list(thresholds), sides)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -185,6 +186,44 @@ def test_ab_rows_read_each_test_s_verdict_and_figures_from_the_report() -> None:
         ("test_compile", "error", None, None, None)]
     assert rows[1].why.startswith("static_cache: in the reference environment")
     assert rows[2].why == "ReferenceWorkerDied: exit -9"
+
+
+def _measured(name: str, reference_rounds: list[float], factor: float) -> dict[str, Any]:
+    """A row the gate judged (the plugin's record: both sides' rounds, taken in turns), its candidate ``factor``
+    times each reference round, so each pair moves by it while the machine's noise moves both."""
+    from pytest_transformers_opt.report.ab import complete_ab
+    from pytest_transformers_opt.report.compare import parse_compare_fail
+
+    def side(rounds: list[float]) -> dict[str, Any]:
+        return {"latency_s": statistics.median(rounds), "latency_samples_s": rounds, "rounds": len(rounds)}
+
+    row = {"nodeid": f"{ab_study.TEST_FILE}::{name}", "outcome": "passed",
+           "optimized": side([r * factor for r in reference_rounds]),
+           "ab": {"mode": "interleaved", "reference": {"python": "/r", "versions": {}},
+                  "optimized": side(reference_rounds), "similarity": {"kl_mean": 0.0, "top1": 1.0}}}
+    complete_ab({"tests": [row]}, parse_compare_fail(ab_study.STUDY_AB_FAIL), candidate={"python": "/c", "versions": {}})
+    return row
+
+
+# the machine's noise, shared by both rounds of a pair: far wider than the 5% limit
+SHARED_NOISE = [1.0, 1.3, 0.8, 1.5, 0.9, 1.2, 1.1, 0.7, 1.4, 1.05]
+
+
+def test_the_study_judges_each_record_again_unpaired_and_shows_both_rules() -> None:
+    report = _report(_measured("test_sdpa", SHARED_NOISE, 1.12), _measured("test_static_cache", SHARED_NOISE, 1.0))
+    rows = ab_study.ab_rows(report, ab_study.STUDY_AB_FAIL)
+    assert [(r.verdict, r.gate["rule"], r.unpaired_verdict) for r in rows] == [
+        ("regressed", "wilcoxon-signed-rank", "ok"),  # every pair 12% slower: the pairs see it, ranks alone do not
+        ("ok", "wilcoxon-signed-rank", "ok")]
+    assert rows[0].gate["p_value"] < 0.01
+    session = ab_study.Session("slowed candidate", 1, rows, 10.0)
+    table = ab_study.study_table([session], command="ab_study.py", model="tiny-random-llama",
+                                 techniques=ab_study.STUDY_TECHNIQUES, slowdown=10, ab_fail=ab_study.STUDY_AB_FAIL)
+    paired_line, unpaired_line = [line for line in table.splitlines() if line.startswith("| slowed candidate |")]
+    assert paired_line.startswith("| slowed candidate | 1 | 0 (`regressed`) | 1 | 0 |")
+    assert paired_line.endswith("| wilcoxon-signed-rank |")
+    assert unpaired_line == "| slowed candidate | 1 | 0 (`regressed`) | 0 | 0 |"
+    assert "judged again by the rule before pairs" in table
 
 
 def _session(scenario: str, status: int, *tests: dict[str, Any]) -> Any:
