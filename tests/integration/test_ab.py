@@ -221,7 +221,10 @@ def test_ctrl_c_mid_ab_leaves_no_worker_behind(pytester):
     import subprocess
 
     reference = _wrapper(pytester.path / "reference-python", before='echo "$$" >> "$(dirname "$0")/started"')
-    pytester.makepyfile(test_user=ONE_TEST.replace("max_new_tokens=4", "max_new_tokens=4, rounds=200"))
+    # sleep-dominated rounds: 200 of them outlast the wait below on any machine (the tiny model's own 200 rounds
+    # ended before it on a quiet one, and the interrupt found the session done)
+    pytester.makeconftest(sleepy_conftest())
+    pytester.makepyfile(test_user=SLEEPY_TEST.replace("max_new_tokens=3", "max_new_tokens=3, rounds=200"))
     env = {**os.environ, "PYTEST_ADDOPTS": "-p no:randomly -p no:asyncio"}
     process = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--opt-ab={reference}"],
                                cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
