@@ -184,6 +184,8 @@ class ABRow:
     why: str = ""  # a skip reason or the error's first line
     gate: dict[str, Any] = field(default_factory=dict)  # the gate's judged latency record: its rule and p-value
     unpaired_verdict: str | None = None  # the same record judged by Mann-Whitney on unpaired rounds
+    rounds: int | None = None  # the candidate's timed rounds (sequential rounds: as many as the verdicts needed)
+    ab_open_at_cap: bool = False  # sequential rounds reached the A/B cap with a verdict still open
 
     def change(self, metric: str = "latency") -> float | None:
         return (self.figures.get(metric) or {}).get("change_pct")
@@ -207,10 +209,12 @@ def ab_rows(report: dict[str, Any], ab_fail: str | None = None) -> list[ABRow]:
         gate = next((record for record in ab.get("judged") or [] if record.get("metric") == "latency"), {})
         unpaired = (judge_ab(test, ab, thresholds, paired=False)["verdict"]
                     if thresholds and ab.get("verdict") in JUDGED else None)
+        sequential = (test.get("rounds_decision") or {}).get("ab") or {}
         rows.append(ABRow(test=test["nodeid"].rsplit("::", 1)[-1], outcome=test.get("outcome", "?"),
                           verdict=ab.get("verdict"), figures=ab.get("figures") or {},
                           similarity=ab.get("similarity") or {}, note=ab.get("note"), why=why, gate=gate,
-                          unpaired_verdict=unpaired))
+                          unpaired_verdict=unpaired, rounds=(test.get("optimized") or {}).get("rounds"),
+                          ab_open_at_cap=sequential.get("settled") is False))
     return rows
 
 
@@ -253,6 +257,8 @@ class Tally:
     changes: list[float]  # latency change_pct of every judged test
     p_values: list[float]  # the gate's latency p-value of every judged test
     rules: list[str]  # the rule that judged each
+    rounds: list[int]  # the timed rounds of every judged test
+    open_at_cap: int  # tests whose A/B verdict was still open at the sequential cap
     seconds: float
     problems: list[str]
 
@@ -274,6 +280,8 @@ def tally(sessions: Sequence[Session], scenario: str) -> Tally:
         changes=[c for row in rows if (c := row.change()) is not None],
         p_values=[p for row in rows if (p := row.gate.get("p_value")) is not None],
         rules=sorted({str(row.gate["rule"]) for row in rows if row.gate.get("rule")}),
+        rounds=[row.rounds for row in rows if row.verdict in JUDGED and row.rounds is not None],
+        open_at_cap=sum(row.ab_open_at_cap for row in rows),
         seconds=sum(s.seconds for s in mine), problems=problems)
 
 
@@ -291,8 +299,8 @@ def study_table(sessions: Sequence[Session], *, command: str, model: str, techni
              f"forward (busy-wait); {len(sessions)} sessions, {wall:.0f} s", "",
              "| scenario | sessions | every test as expected | any `regressed` | any `improved` | exit 1 | other exit | "
              "tests not judged | identical stacks noted | latency change, median (min to max) | gate's p, median (min "
-             "to max) | rule |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "to max) | rule | timed rounds per test, median (min to max) | open at the cap |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     earlier = ["", "The same sessions, each A/B record judged again by the rule before pairs (one-sided Mann-Whitney "
                "of the candidate's rounds against the reference's moved by the limit, unpaired):", "",
                "| scenario | sessions | every test as expected | any `regressed` | any `improved` |",
@@ -305,7 +313,7 @@ def study_table(sessions: Sequence[Session], *, command: str, model: str, techni
         lines.append(f"| {scenario} | {t.sessions} | {t.as_expected} (`{expected}`) | {t.any_regressed} | "
                      f"{t.any_improved} | {t.exit_1} | {t.other_exit} | {t.not_judged} | {t.identical_stacks} | "
                      f"{_spread(t.changes, lambda v: f'{v:+.1f}%')} | {_spread(t.p_values, lambda v: f'{v:.2g}')} | "
-                     f"{', '.join(t.rules) or '-'} |")
+                     f"{', '.join(t.rules) or '-'} | {_spread(t.rounds, lambda v: f'{v:.0f}')} | {t.open_at_cap} |")
         problems += [f"{scenario}: {p}" for p in t.problems]
         u = tally([s.unpaired() for s in sessions], scenario)
         earlier.append(f"| {scenario} | {u.sessions} | {u.as_expected} (`{expected}`) | {u.any_regressed} | "

@@ -428,6 +428,21 @@ class OptSession:
         if worker is not None:
             worker.close()
 
+    @staticmethod
+    def ab_gate_so_far(threshold: Any, candidate: dict[str, Any], reference: dict[str, Any]
+                       ) -> tuple[str, tuple[list[float], list[float]] | None]:
+        """One ``--opt-ab-fail`` threshold's verdict on the rounds so far, by the gate's own rule (``report.ab``),
+        and the (reference, candidate) rounds it judged as pairs; None where it did not judge pairs. The rounds
+        loop (``verdict.ab_rounds``) asks it after each round: the rule lives with the report's verdicts."""
+        from .report.ab import AB_SIDES_PAIRED
+        from .report.compare import PAIRED_RULE, judge_threshold, round_samples
+
+        verdict, _, record = judge_threshold(threshold, reference, candidate, AB_SIDES_PAIRED)
+        before, after = round_samples(reference, threshold.metric), round_samples(candidate, threshold.metric)
+        if record is None or record.get("rule") != PAIRED_RULE or before is None or after is None:
+            return verdict, None
+        return verdict, (before, after)
+
     def conftests_registering_techniques(self) -> list[str]:
         """The files of this session's plugins (conftests) that register techniques: the reference worker
         imports them so a project's own techniques run there too."""

@@ -311,7 +311,7 @@ def test_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return reasons
 
 
-def _samples(entry: dict[str, Any], metric: str) -> list[float] | None:
+def round_samples(entry: dict[str, Any], metric: str) -> list[float] | None:
     """The metric's per-round samples in a test entry; None when the report keeps none, or any is not a finite number."""
     key = METRICS[metric].samples
     side: Any = entry
@@ -420,7 +420,7 @@ def _rule(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, 
                 return _Rule(MEDIAN_RULE, f"the {side} {sides.record} {why}")
             rounds[side] = ratios
             continue
-        samples = _samples(entry, metric)
+        samples = round_samples(entry, metric)
         if samples is None:
             return _Rule(MEDIAN_RULE, f"the {side} {sides.record} keeps no per-round {metric} samples")
         # samples that do not give the figure describe something else (an edited report): trust neither

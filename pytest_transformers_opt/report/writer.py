@@ -247,17 +247,19 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
     if report.get("advice"):
         lines += ["", "next change to try (advisor):"] + [f"  {line}" for line in report["advice"]["summary"]]
     env = report["environment"]
+    ab_gate = bool((report.get("ab") or {}).get("thresholds"))
     lines += ["", f"measured on {env.get('device')} ({env.get('gpu_name') or env.get('platform')}), torch "
                   f"{env.get('torch')}, transformers {env.get('transformers')}; all figures measured, medians of "
-                  f"{_rounds_text(report['settings'])} interleaved rounds unless a note says otherwise; peak memory is a "
+                  f"{_rounds_text(report['settings'], ab_gate)} interleaved rounds unless a note says otherwise; peak memory is a "
                   f"delta over what was resident before load; speedup [95% interval] and verdict (n.s.: no "
                   f"significant difference)"]
     return lines
 
 
-def _rounds_text(settings: dict[str, Any]) -> str:
+def _rounds_text(settings: dict[str, Any], ab_gate: bool = False) -> str:
     if settings.get("max_rounds"):
-        return f"{settings['rounds']} to {settings['max_rounds']} (sequential: until the speed budgets are settled)"
+        further = "; a test's note says where an --opt-ab-fail verdict took it further" if ab_gate else ""
+        return f"{settings['rounds']} to {settings['max_rounds']} (sequential: until the speed budgets are settled{further})"
     return str(settings["rounds"])
 
 

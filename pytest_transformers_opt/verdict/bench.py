@@ -30,6 +30,7 @@ from ..engine.measure import PeakReading, Timings, load_transient_note, track_pe
 from ..engine.progress import Work, long_work
 from .reference_side import AlternatingBlocks, ReferenceSide, ab_mode, oversubscribed_note
 from .results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload, model_arguments, report_model_identity
+from .ab_rounds import ab_cap, ab_keep_going, ab_thresholds_to_settle
 from .sequential import MAX_WARMUP, RoundsDecision, keep_going, parse_rounds
 from .similarity import compare_runs, diverged, forced_run_note
 from ..units import parse_non_negative_int, shown
@@ -461,22 +462,38 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
     speed = {name: b for name, b in plan.budgets.items() if name in SPEED_BUDGETS} \
         if session.settings.budgets != "off" else {}
 
+    # --opt-ab-fail thresholds on rounds: interleaved rounds go on while their verdict is open (verdict.sequential)
+    ab_gate = ab_thresholds_to_settle(session.settings.ab_thresholds) if ab is not None and rule.sequential else []
+    if ab_gate:
+        decision.ab_max_rounds = ab_cap(rule)
+
     def sequential_rounds() -> OptResult:
-        """Rounds one at a time until every speed budget is settled (verdict.sequential), or the cap."""
+        """Rounds one at a time until every speed budget and A/B verdict is settled (verdict.sequential), or
+        the cap."""
         assert rule.maximum is not None
-        minimum = rule.minimum if speed else rule.report_minimum()
+        open_ended = bool(speed or ab_gate)
+        minimum = rule.minimum if open_ended else rule.report_minimum()
+        cap = max(rule.maximum, decision.ab_max_rounds or 0) if open_ended else minimum
         graphs_before = compiled_graph_count()
-        for index in range(rule.maximum if speed else minimum):
-            timed_round(index, f"{minimum}..{rule.maximum}" if speed else str(minimum))
+        for index in range(cap):
+            timed_round(index, f"{minimum}..{cap}" if open_ended else str(minimum))
             decision.rounds = index + 1
             if decision.rounds < minimum:
                 continue
-            if not speed:
+            if not open_ended:
                 break
             interim = result_so_far(intervals=False)
-            paired = base_timings.latency_samples() if base is not None else None
-            if not keep_going(decision, speed, check_budgets(interim, speed), opt_timings.rounds, paired,
-                              interim.baseline.latency_s):
+            budgets_open = False
+            if speed:
+                paired = base_timings.latency_samples() if base is not None else None
+                budgets_open = keep_going(decision, speed, check_budgets(interim, speed), opt_timings.rounds,
+                                          paired, interim.baseline.latency_s)
+            ab_open = False
+            if ab_gate:
+                assert interim.ab is not None  # the reference took a turn in every round
+                ab_open = ab_keep_going(decision, ab_gate, {"optimized": interim.optimized.to_dict()}, interim.ab,
+                                        session.ab_gate_so_far)
+            if not (budgets_open or ab_open):
                 break
         recompiles.append(compiled_graph_count() - graphs_before)
         finish_blocks()

@@ -70,9 +70,14 @@ class RoundsRule:
 
 
 AUTO_ROUNDS = RoundsRule(SEQUENTIAL_MIN_ROUNDS, SEQUENTIAL_MAX_ROUNDS)
+# auto's cap while an --opt-ab-fail verdict on rounds is open: telling a 10% slowdown from a 5% limit at a
+# 2-core CPU's paired spread (0.19 on log time) takes ~55 pairs on average, so 10 caught half of them; at a
+# cap of 100, 12% of simulated series were still open there (tests/unit/test_ab_rounds.py), at 200, 1%
+AB_MAX_ROUNDS = 200
+AB_MIN_PAIRS = 5  # the fewest pairs on which the A/B's signed-rank rule can reach p < 0.05 (and judges)
 MAX_WARMUP = 100  # warm-up rounds per side
 ROUNDS_FORMS = (f"N (a fixed count, 1 to {MAX_ROUNDS}), MIN..MAX (sequential) or auto "
-                f"({SEQUENTIAL_MIN_ROUNDS}..{SEQUENTIAL_MAX_ROUNDS})")
+                f"({SEQUENTIAL_MIN_ROUNDS}..{SEQUENTIAL_MAX_ROUNDS}; to {AB_MAX_ROUNDS} while an --opt-ab-fail verdict is open)")
 
 
 def parse_rounds(value: object, where: str = "rounds") -> RoundsRule:
@@ -169,6 +174,9 @@ class RoundsDecision:
     rounds: int = 0
     settled: bool = True
     budgets: dict[str, str] = field(default_factory=dict)  # speed budget -> how its verdict was reached
+    ab: dict[str, str] = field(default_factory=dict)  # --opt-ab-fail threshold on rounds -> how its verdict was reached
+    ab_settled: bool = True
+    ab_max_rounds: int | None = None  # the cap while an A/B verdict is open (``ab_cap``); None: no A/B gate on rounds
     doubted: bool = False  # too noisy to settle, and the rule failed a budget at the report's minimum or later
     # speed budgets the rule fails where no look could have settled a failure (fewer than MIN_FAIL_ROUNDS
     # rounds, or the medians alone): never a verdict by itself, they are measured again (``unsettled_failures``)
@@ -176,24 +184,41 @@ class RoundsDecision:
     confirmation_rounds: int = 0  # rounds run again to confirm them
 
     def to_dict(self) -> dict[str, Any]:
+        ab = None
+        if self.ab_max_rounds is not None:
+            ab = {"max_rounds": self.ab_max_rounds, "settled": self.ab_settled, "thresholds": dict(self.ab)}
         return {"rule": "sequential", "min_rounds": self.rule.minimum, "max_rounds": self.rule.maximum,
                 "rounds": self.rounds, "settled": self.settled, "margin": SLOWDOWN_MARGIN,
-                "false_alarm_rate": FALSE_ALARM_RATE, "miss_rate": MISS_RATE, "budgets": dict(self.budgets)}
+                "false_alarm_rate": FALSE_ALARM_RATE, "miss_rate": MISS_RATE, "budgets": dict(self.budgets),
+                "ab": ab}
 
     def note(self) -> str | None:
-        """The test's note on its rounds; None without a speed budget (the report's minimum ran)."""
+        """The test's note on its rounds; None without a speed budget or an A/B gate on rounds (the report's
+        minimum ran)."""
+        parts = [part for part in (self._budgets_note(), self._ab_note()) if part]
+        return "sequential rounds: " + "; ".join(parts) if parts else None
+
+    def _budgets_note(self) -> str | None:
         if not self.budgets:
             return None
         how = "; ".join(f"{name}: {word}" for name, word in self.budgets.items())
         if self.settled:
-            return f"sequential rounds: every speed budget settled after {self.rounds} rounds ({how})"
+            return f"every speed budget settled after {self.rounds} rounds ({how})"
         if self.confirmation_rounds:
-            return (f"sequential rounds: {', '.join(self.unsettled_failures)} failed after {self.rounds} rounds, "
+            return (f"{', '.join(self.unsettled_failures)} failed after {self.rounds} rounds, "
                     f"too few to settle a failure (a failure needs {MIN_FAIL_ROUNDS} rounds per side and a "
                     f"significance test), so {self.confirmation_rounds} more rounds ran and its own rule judged all "
                     f"{self.rounds + self.confirmation_rounds} ({how})")
-        return (f"sequential rounds: a speed budget was still open after {self.rounds} rounds, judged by its own rule "
-                f"there ({how})")
+        return f"a speed budget was still open after {self.rounds} rounds, judged by its own rule there ({how})"
+
+    def _ab_note(self) -> str | None:
+        if not self.ab:
+            return None
+        how = "; ".join(f"{name}: {word}" for name, word in self.ab.items())
+        if self.ab_settled:
+            return f"every --opt-ab-fail verdict on rounds settled after {self.rounds} rounds ({how})"
+        return (f"an --opt-ab-fail verdict was still open after {self.rounds} rounds (the cap), judged by the gate's "
+                f"rule there ({how})")
 
 
 def keep_going(decision: RoundsDecision, budgets: dict[str, Budget], checks: list[BudgetCheck],
@@ -244,3 +269,4 @@ def keep_going(decision: RoundsDecision, budgets: dict[str, Budget], checks: lis
             decision.doubted = True
         return decision.doubted
     return True
+

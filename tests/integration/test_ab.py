@@ -117,6 +117,33 @@ def test_a_null_ab_passes_and_a_slowed_candidate_fails_the_run_with_one_line(run
                                         "*1 test regressed past --opt-ab-fail=latency:20% against the reference*"])
 
 
+def test_sequential_rounds_go_on_until_the_ab_verdict_is_settled_and_say_after_how_many(run_user, pytester):
+    """The default rounds (auto): an --opt-ab-fail verdict on rounds holds them open until an SPRT of the pairs
+    agrees with the gate's rule (verdict.ab_rounds); sleep-dominated rounds settle at the first look."""
+    reference = _wrapper(pytester.path / "reference-python")
+    for slowed, verdict, how, code in (
+            ("candidate", "regressed", "worse by more than the limit", pytest.ExitCode.TESTS_FAILED),
+            ("", "ok", "within the limit both ways", pytest.ExitCode.OK)):
+        run = run_user(SLEEPY_TEST, "--opt-rounds=auto", f"--opt-ab={reference}",
+                       "--opt-ab-fail=latency:20%,peak_memory:50%", "--opt-report", conftest=SLEEPY_CONFTEST.format(slowed=slowed))
+        assert run.result.ret == code, run.result.stdout.str()
+        row = run.test("test_sleepy")
+        assert row["ab"]["verdict"] == verdict, row["ab"]
+        decision = row["rounds_decision"]
+        settled = f"{verdict}, settled (SPRT: {how})"
+        # peak memory is read once, so it holds no rounds open
+        assert decision["ab"] == {"max_rounds": 200, "settled": True, "thresholds": {"latency:20%": settled}}
+        rounds = decision["rounds"]
+        assert 5 <= rounds < 200 and row["optimized"]["rounds"] == row["ab"]["optimized"]["rounds"] == rounds
+        note = (f"sequential rounds: every --opt-ab-fail verdict on rounds settled after {rounds} rounds "
+                f"(latency:20%: {settled})")
+        assert note in row["notes"]
+        run.result.stdout.fnmatch_lines(["*test_sleepy: sequential rounds: every --opt-ab-fail verdict on rounds "
+                                         f"settled after {rounds} rounds*",
+                                         "*3 to 10 (sequential: until the speed budgets are settled; a test's note "
+                                         "says where an --opt-ab-fail verdict took it further)*"])
+
+
 def test_a_slowed_reference_makes_the_candidate_improved(run_user, pytester):
     reference = _wrapper(pytester.path / "reference-python")
     run = run_user(SLEEPY_TEST, *AB_ROUNDS, f"--opt-ab={reference}", "--opt-ab-fail=latency:20%",

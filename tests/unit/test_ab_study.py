@@ -221,7 +221,7 @@ def test_the_study_judges_each_record_again_unpaired_and_shows_both_rules() -> N
                                  techniques=ab_study.STUDY_TECHNIQUES, slowdown=10, ab_fail=ab_study.STUDY_AB_FAIL)
     paired_line, unpaired_line = [line for line in table.splitlines() if line.startswith("| slowed candidate |")]
     assert paired_line.startswith("| slowed candidate | 1 | 0 (`regressed`) | 1 | 0 |")
-    assert paired_line.endswith("| wilcoxon-signed-rank |")
+    assert paired_line.endswith("| wilcoxon-signed-rank | 10 (10 to 10) | 0 |")  # rounds per test, none open at the cap
     assert unpaired_line == "| slowed candidate | 1 | 0 (`regressed`) | 0 | 0 |"
     assert "judged again by the rule before pairs" in table
 

@@ -163,7 +163,7 @@ def test_the_cap_always_stops() -> None:
     assert decision.to_dict() == {"rule": "sequential", "min_rounds": 3, "max_rounds": 4, "rounds": 4,
                                   "settled": decision.settled, "margin": SLOWDOWN_MARGIN,
                                   "false_alarm_rate": FALSE_ALARM_RATE, "miss_rate": MISS_RATE,
-                                  "budgets": decision.budgets}
+                                  "budgets": decision.budgets, "ab": None}
 
 
 @pytest.mark.parametrize("rule", [RoundsRule(3, 3), RoundsRule(1, 2), RoundsRule(2, 3)])
