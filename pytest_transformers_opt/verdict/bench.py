@@ -462,14 +462,14 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
     speed = {name: b for name, b in plan.budgets.items() if name in SPEED_BUDGETS} \
         if session.settings.budgets != "off" else {}
 
-    # --opt-ab-fail thresholds on rounds: interleaved rounds go on while their verdict is open (verdict.sequential)
+    # --opt-ab-fail thresholds on rounds: interleaved rounds go on while their verdict is open (verdict.ab_rounds)
     ab_gate = ab_thresholds_to_settle(session.settings.ab_thresholds) if ab is not None and rule.sequential else []
     if ab_gate:
         decision.ab_max_rounds = ab_cap(rule)
 
     def sequential_rounds() -> OptResult:
-        """Rounds one at a time until every speed budget and A/B verdict is settled (verdict.sequential), or
-        the cap."""
+        """Rounds one at a time until every speed budget and A/B verdict is settled (verdict.sequential and
+        verdict.ab_rounds), or the cap."""
         assert rule.maximum is not None
         open_ended = bool(speed or ab_gate)
         minimum = rule.minimum if open_ended else rule.report_minimum()

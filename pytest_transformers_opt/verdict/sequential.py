@@ -71,8 +71,8 @@ class RoundsRule:
 
 AUTO_ROUNDS = RoundsRule(SEQUENTIAL_MIN_ROUNDS, SEQUENTIAL_MAX_ROUNDS)
 # auto's cap while an --opt-ab-fail verdict on rounds is open: telling a 10% slowdown from a 5% limit at a
-# 2-core CPU's paired spread (0.19 on log time) takes ~55 pairs on average, so 10 caught half of them; at a
-# cap of 100, 12% of simulated series were still open there (tests/unit/test_ab_rounds.py), at 200, 1%
+# 2-core CPU's paired spread (0.19 on log time) takes ~55 pairs on average; of 200 simulated 10% slowdowns a
+# cap of 100 left 15% open and found 84%, 200 left 1.5% open and found 96% (benchmarks/ab_rounds_sim.py)
 AB_MAX_ROUNDS = 200
 AB_MIN_PAIRS = 5  # the fewest pairs on which the A/B's signed-rank rule can reach p < 0.05 (and judges)
 MAX_WARMUP = 100  # warm-up rounds per side

@@ -73,6 +73,18 @@ def _ab(run: Any, name: str) -> dict[str, Any]:
     return row["ab"]
 
 
+def _assert_settled(run: Any, how: str) -> None:
+    """Sequential rounds stopped where the A/B verdict settled (verdict.ab_rounds), and the row says so."""
+    row = run.test("test_sleepy")
+    decision = row["rounds_decision"]
+    # peak memory is read once, so it holds no rounds open
+    assert decision["ab"] == {"max_rounds": 200, "settled": True, "thresholds": {"latency:20%": how}}
+    rounds = decision["rounds"]
+    assert 5 <= rounds < 200 and row["optimized"]["rounds"] == row["ab"]["optimized"]["rounds"] == rounds
+    assert (f"sequential rounds: every --opt-ab-fail verdict on rounds settled after {rounds} rounds "
+            f"(latency:20%: {how})") in row["notes"]
+
+
 def _worker_pids() -> set[int]:
     """Processes of this machine running the reference worker module."""
     found = set()
@@ -101,12 +113,14 @@ def test_a_null_ab_passes_and_a_slowed_candidate_fails_the_run_with_one_line(run
     assert ab["similarity"]["kl_mean"] < 1e-6 and ab["similarity"]["top1"] == 1.0  # the same stack, the same numbers
     null.result.stdout.fnmatch_lines(["*identical stacks*", "A/B: 0 regressed, 0 improved, 1 ok, 0 not judged*"])
 
-    slowed = run_user(SLEEPY_TEST, *AB_ROUNDS, f"--opt-ab={reference}", "--opt-ab-fail=latency:20%",
-                      conftest=SLEEPY_CONFTEST.format(slowed="candidate"))
+    # the default rounds (auto): the open A/B verdict holds them until it is settled (sleepy rounds: at once)
+    slowed = run_user(SLEEPY_TEST, "--opt-rounds=auto", f"--opt-ab={reference}",
+                      "--opt-ab-fail=latency:20%,peak_memory:50%", conftest=SLEEPY_CONFTEST.format(slowed="candidate"))
     slowed.result.assert_outcomes(passed=1)  # the test itself passed: the environment regressed
     assert slowed.result.ret == pytest.ExitCode.TESTS_FAILED
     ab = _ab(slowed, "test_sleepy")
     assert ab["verdict"] == "regressed", ab
+    _assert_settled(slowed, "regressed, settled (SPRT: worse by more than the limit)")
     latency = ab["figures"]["latency"]
     assert latency["change_pct"] > 50 and latency["p_value"] < 0.05
     # interleaved rounds: judged on their pairs, round i of each side
@@ -114,44 +128,22 @@ def test_a_null_ab_passes_and_a_slowed_candidate_fails_the_run_with_one_line(run
     assert [(j["rule"], j["rounds"]) for j in ab["judged"]] == [("wilcoxon-signed-rank", [pairs, pairs])], ab
     slowed.result.stdout.fnmatch_lines([f"AB REGRESSED *test_sleepy: latency*Wilcoxon signed-rank p=* on {pairs} "
                                         "pairs)",
-                                        "*1 test regressed past --opt-ab-fail=latency:20% against the reference*"])
-
-
-def test_sequential_rounds_go_on_until_the_ab_verdict_is_settled_and_say_after_how_many(run_user, pytester):
-    """The default rounds (auto): an --opt-ab-fail verdict on rounds holds them open until an SPRT of the pairs
-    agrees with the gate's rule (verdict.ab_rounds); sleep-dominated rounds settle at the first look."""
-    reference = _wrapper(pytester.path / "reference-python")
-    for slowed, verdict, how, code in (
-            ("candidate", "regressed", "worse by more than the limit", pytest.ExitCode.TESTS_FAILED),
-            ("", "ok", "within the limit both ways", pytest.ExitCode.OK)):
-        run = run_user(SLEEPY_TEST, "--opt-rounds=auto", f"--opt-ab={reference}",
-                       "--opt-ab-fail=latency:20%,peak_memory:50%", "--opt-report", conftest=SLEEPY_CONFTEST.format(slowed=slowed))
-        assert run.result.ret == code, run.result.stdout.str()
-        row = run.test("test_sleepy")
-        assert row["ab"]["verdict"] == verdict, row["ab"]
-        decision = row["rounds_decision"]
-        settled = f"{verdict}, settled (SPRT: {how})"
-        # peak memory is read once, so it holds no rounds open
-        assert decision["ab"] == {"max_rounds": 200, "settled": True, "thresholds": {"latency:20%": settled}}
-        rounds = decision["rounds"]
-        assert 5 <= rounds < 200 and row["optimized"]["rounds"] == row["ab"]["optimized"]["rounds"] == rounds
-        note = (f"sequential rounds: every --opt-ab-fail verdict on rounds settled after {rounds} rounds "
-                f"(latency:20%: {settled})")
-        assert note in row["notes"]
-        run.result.stdout.fnmatch_lines(["*test_sleepy: sequential rounds: every --opt-ab-fail verdict on rounds "
-                                         f"settled after {rounds} rounds*",
-                                         "*3 to 10 (sequential: until the speed budgets are settled; a test's note "
-                                         "says where an --opt-ab-fail verdict took it further)*"])
+                                        "*1 test regressed past --opt-ab-fail=latency:20%,peak_memory:50% against the "
+                                        "reference*"])
 
 
 def test_a_slowed_reference_makes_the_candidate_improved(run_user, pytester):
     reference = _wrapper(pytester.path / "reference-python")
-    run = run_user(SLEEPY_TEST, *AB_ROUNDS, f"--opt-ab={reference}", "--opt-ab-fail=latency:20%",
-                   conftest=SLEEPY_CONFTEST.format(slowed="reference"))
+    run = run_user(SLEEPY_TEST, "--opt-rounds=auto", f"--opt-ab={reference}",
+                   "--opt-ab-fail=latency:20%,peak_memory:50%", "--opt-report", conftest=SLEEPY_CONFTEST.format(slowed="reference"))
     assert run.result.ret == pytest.ExitCode.OK
     ab = _ab(run, "test_sleepy")
     assert ab["verdict"] == "improved", ab
     assert ab["figures"]["latency"]["change_pct"] < -25
+    _assert_settled(run, "improved, settled (SPRT: better by more than the limit)")
+    run.result.stdout.fnmatch_lines(["*test_sleepy: sequential rounds: every --opt-ab-fail verdict on rounds settled*",
+                                     "*3 to 10 (sequential: until the speed budgets are settled; a test's note says "
+                                     "where an --opt-ab-fail verdict took it further)*"])
 
 
 def test_a_reference_that_does_not_exist_fails_each_ab_test_in_one_line_and_the_report_is_written(run_user, pytester):

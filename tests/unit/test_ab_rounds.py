@@ -8,6 +8,7 @@ import random
 import statistics
 
 import pytest
+from benchmark_scripts import load_script  # noqa: E402  (tests/ is on sys.path)
 
 from pytest_transformers_opt.report.compare import Threshold, parse_compare_fail
 from pytest_transformers_opt.session import OptSession
@@ -15,12 +16,9 @@ from pytest_transformers_opt.verdict.ab_rounds import ab_cap, ab_keep_going, ab_
 from pytest_transformers_opt.verdict.sequential import (AB_MAX_ROUNDS, AB_MIN_PAIRS, AUTO_ROUNDS, RoundsDecision,
                                                         RoundsRule, parse_rounds)
 
-LATENCY_5 = Threshold("latency", 5.0, True)
-
-
-def _side(latencies: list[float]) -> dict:
-    return {"optimized": {"latency_s": statistics.median(latencies), "latency_samples_s": list(latencies),
-                          "rounds": len(latencies)}}
+ab_rounds_sim = load_script("ab_rounds_sim")
+LATENCY_5 = ab_rounds_sim.LATENCY_5
+_side = ab_rounds_sim.side
 
 
 def _look(candidate: list[float], reference: list[float], rule: RoundsRule = AUTO_ROUNDS,
@@ -105,32 +103,17 @@ def test_rounds_that_are_not_pairs_hold_nothing_open() -> None:
     assert decision.ab == {"ttft:5%": "ok by the gate's rule on rounds that are not pairs"}
 
 
-def _series(rng: random.Random, shift: float, spread: float) -> tuple[str, int]:
-    """One simulated A/B test: pairs with a common slow spell (log sd 0.15) and a paired spread ``spread``,
-    the candidate ``shift`` times the reference; rounds until the rule stops, then the gate's verdict."""
-    reference: list[float] = []
-    candidate: list[float] = []
-    decision = RoundsDecision(AUTO_ROUNDS, ab_max_rounds=AB_MAX_ROUNDS)
-    while True:
-        common = math.exp(rng.gauss(0, 0.15))
-        reference.append(0.1 * common * math.exp(rng.gauss(0, spread / math.sqrt(2))))
-        candidate.append(0.1 * shift * common * math.exp(rng.gauss(0, spread / math.sqrt(2))))
-        decision.rounds = len(reference)
-        if decision.rounds >= AUTO_ROUNDS.minimum and not ab_keep_going(
-                decision, [LATENCY_5], _side(candidate), _side(reference), OptSession.ab_gate_so_far):
-            break
-    return OptSession.ab_gate_so_far(LATENCY_5, _side(candidate), _side(reference))[0], len(reference)
-
-
 @pytest.mark.parametrize("spread, most_rounds", [(0.19, 60), (0.05, 12)])
 def test_stopping_keeps_false_regressions_rare_and_finds_a_slowdown_twice_the_limit(spread: float,
                                                                                      most_rounds: int) -> None:
-    """At this machine's paired spread (0.19, measured by ab_study) and a quiet one's: a null is almost never
-    regressed, a candidate 10% slower than the reference (5% limit) almost always, a 10% faster one improved;
-    the mean rounds are Wald's order (a fixed 10 rounds caught half of the slowdowns at 0.19)."""
+    """At this machine's paired spread (0.19, measured by ab_study) and a quiet one's (benchmarks/ab_rounds_sim.py's
+    simulation, as the plugin runs the rounds): a null is almost never regressed, a candidate 10% slower than the
+    reference (5% limit) almost always, a 10% faster one improved; the mean rounds are Wald's order (a fixed 10
+    rounds caught half of the slowdowns at 0.19)."""
     rng = random.Random(20261203)
     runs = 80
-    results = {shift: [_series(rng, shift, spread) for _ in range(runs)] for shift in (1.0, 1.10, 1 / 1.10)}
+    results = {shift: [ab_rounds_sim.simulate(rng, shift, spread, AB_MAX_ROUNDS)[:2] for _ in range(runs)]
+               for shift in (1.0, 1.10, 1 / 1.10)}
     verdicts = {shift: [verdict for verdict, _ in found] for shift, found in results.items()}
     assert verdicts[1.0].count("regressed") <= 1
     assert verdicts[1.10].count("regressed") >= 0.9 * runs
