@@ -166,6 +166,11 @@ def rounds_to_settle(excess: list[float], margin: float = SLOWDOWN_MARGIN) -> fl
     return 2 * sigma**2 * bound / math.log1p(margin) ** 2
 
 
+def _answers(how: dict[str, str]) -> str:
+    """``name: how it was reached; ...`` for a note."""
+    return "; ".join(f"{name}: {word}" for name, word in how.items())
+
+
 @dataclass
 class RoundsDecision:
     """What the sequential rule decided, for the report (``rounds_decision``)."""
@@ -201,7 +206,7 @@ class RoundsDecision:
     def _budgets_note(self) -> str | None:
         if not self.budgets:
             return None
-        how = "; ".join(f"{name}: {word}" for name, word in self.budgets.items())
+        how = _answers(self.budgets)
         if self.settled:
             return f"every speed budget settled after {self.rounds} rounds ({how})"
         if self.confirmation_rounds:
@@ -214,7 +219,7 @@ class RoundsDecision:
     def _ab_note(self) -> str | None:
         if not self.ab:
             return None
-        how = "; ".join(f"{name}: {word}" for name, word in self.ab.items())
+        how = _answers(self.ab)
         if self.ab_settled:
             return f"every --opt-ab-fail verdict on rounds settled after {self.rounds} rounds ({how})"
         return (f"an --opt-ab-fail verdict was still open after {self.rounds} rounds (the cap), judged by the gate's "
