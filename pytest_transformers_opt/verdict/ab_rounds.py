@@ -24,7 +24,8 @@ GateSoFar = Callable[["Threshold", dict[str, Any], dict[str, Any]], tuple[str, "
 
 def ab_cap(rule: RoundsRule) -> int:
     """The most rounds a test whose A/B verdict is open runs under the sequential ``rule``: ``auto`` goes on
-    to ``AB_MAX_ROUNDS``, an explicit MIN..MAX stops at the user's MAX."""
+    to ``AB_MAX_ROUNDS``, any other MIN..MAX stops at the user's MAX. ``3..10`` is ``auto`` (rules are equal by
+    value: the workload rebuilds its rule from its two counts, and ``auto`` prints for both)."""
     assert rule.maximum is not None
     return max(rule.maximum, AB_MAX_ROUNDS) if rule == AUTO_ROUNDS else rule.maximum
 

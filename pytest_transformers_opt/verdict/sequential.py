@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import OptConfigError
 from ..units import parse_non_negative_int, shown
 from .budgets import BORDERLINE, MEDIANS_ONLY, SPEED_BUDGETS, Budget, BudgetCheck
-from .stats import MIN_BOOTSTRAP_SAMPLES
+from .stats import MIN_BOOTSTRAP_SAMPLES, SIGNIFICANCE, min_signed_rank_p_value
 
 if TYPE_CHECKING:
     from ..engine.measure import RoundTiming
@@ -74,7 +74,8 @@ AUTO_ROUNDS = RoundsRule(SEQUENTIAL_MIN_ROUNDS, SEQUENTIAL_MAX_ROUNDS)
 # 2-core CPU's paired spread (0.19 on log time) takes ~55 pairs on average; of 200 simulated 10% slowdowns a
 # cap of 100 left 15% open and found 84%, 200 left 1.5% open and found 96% (benchmarks/ab_rounds_sim.py)
 AB_MAX_ROUNDS = 200
-AB_MIN_PAIRS = 5  # the fewest pairs on which the A/B's signed-rank rule can reach p < 0.05 (and judges)
+# the fewest pairs on which the A/B's signed-rank rule can reach significance, and so judges pairs (5)
+AB_MIN_PAIRS = next(n for n in range(1, MAX_ROUNDS) if min_signed_rank_p_value(n) < SIGNIFICANCE)
 MAX_WARMUP = 100  # warm-up rounds per side
 ROUNDS_FORMS = (f"N (a fixed count, 1 to {MAX_ROUNDS}), MIN..MAX (sequential) or auto "
                 f"({SEQUENTIAL_MIN_ROUNDS}..{SEQUENTIAL_MAX_ROUNDS}; to {AB_MAX_ROUNDS} while an --opt-ab-fail verdict is open)")

@@ -33,6 +33,8 @@ def test_auto_goes_on_to_the_ab_cap_and_an_explicit_range_keeps_its_maximum() ->
     assert ab_cap(AUTO_ROUNDS) == AB_MAX_ROUNDS > AUTO_ROUNDS.maximum
     assert ab_cap(parse_rounds("3..20")) == 20
     assert ab_cap(parse_rounds("5..500")) == 500
+    assert ab_cap(parse_rounds("3..10")) == AB_MAX_ROUNDS  # the same rule as auto, as the report prints it
+    assert AB_MIN_PAIRS == 5  # 2 ** -5 < 0.05 <= 2 ** -4
 
 
 def test_only_relative_limits_on_figures_every_round_measures_can_be_settled() -> None:
