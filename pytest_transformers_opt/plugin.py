@@ -11,6 +11,8 @@ import pytest
 
 from . import hookspecs
 from .engine import progress
+# its log filters are installed on import: before a conftest can import bitsandbytes, which logs as it loads
+from .engine import quiet_logs  # noqa: F401
 from .report.benchmark_export import PLUGIN_NAME as BENCHMARK_EXPORT, BenchmarkExport, benchmark_available
 from .errors import OptConfigError
 from .fixtures import opt_baseline_model, opt_bench, opt_hardware, opt_model, opt_plan  # noqa: F401 (fixtures)

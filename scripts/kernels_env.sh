@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The kernels environment: a second virtual environment for the tests that load a kernel
-# (tests/integration/test_local_kernels.py). transformers 5.23+ demands kernels >= 0.18.2, which the package
-# registry may lack (0.17.2 is the newest there); transformers 5.20-5.22 accept kernels 0.17.x.
+# (tests/integration/test_local_kernels.py) on the older pairing: transformers 5.20-5.22 with kernels 0.17.x
+# (public `kernels.variants`). The main environment runs them with transformers 5.25+ and kernels 0.19.
 # Pinned in one pip call so that the [test] extra cannot move transformers out of that range.
 # TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cpu on GitHub's runners) picks where the
 # CPU build of torch comes from; here the registry's torch==2.13.0 is that build already.

@@ -40,24 +40,31 @@ class {class_name}(Technique):
 
 
 def sleepy_technique(pause: str = "0.02") -> str:
-    """The source of a ``Technique`` subclass ``Sleepy`` (catalogue name ``sleepy``) that sleeps ``pause`` seconds
-    (a Python expression, read at each generate) before every forward pass: rounds of a steady length whatever
-    else the machine does; the conftest imports ``contextlib``, ``time`` and ``Technique``."""
+    """The source of a ``Technique`` subclass ``Sleepy`` (catalogue name ``sleepy``) whose every generate lasts
+    ``pause`` seconds (a Python expression, read at each generate) per forward pass: it pads the call with a sleep to
+    that length, so rounds are of a steady length whatever else the machine does (the work itself, a few ms per
+    forward, slows down on a busy machine; a pause added to it would carry that noise). The conftest imports
+    ``contextlib``, ``time`` and ``Technique``."""
     return f'''
 class Sleepy(Technique):
-    """Sleeps before every forward pass: rounds of a steady length on a busy machine."""
+    """Pads every generate to a steady length: a fixed pause per forward pass, on a busy machine too."""
     name = "sleepy"
     family = "test"
-    summary = "sleeps before every forward pass"
+    summary = "pads every generate to a fixed pause per forward pass"
 
     @contextlib.contextmanager
     def around_generate(self, model):
         pause = {pause}
-        handle = model.register_forward_pre_hook(lambda module, args: time.sleep(pause))
+        calls = []
+        handle = model.register_forward_pre_hook(lambda module, args: calls.append(None))
+        started = time.perf_counter()
         try:
             yield
         finally:
             handle.remove()
+            remaining = started + pause * len(calls) - time.perf_counter()
+            if remaining > 0:
+                time.sleep(remaining)
 '''
 
 

@@ -10,8 +10,6 @@ for compiled models (the processor runs outside the compiled forward).
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -29,42 +27,8 @@ if TYPE_CHECKING:
 NEVER_STOP = -1  # an EOS id no token has
 
 
-class _DropNeverStopWarning(logging.Filter):
-    """transformers warns that a negative EOS id never stops generation: that is the point here."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "should consist of positive integers" not in record.getMessage()
-
-
-logging.getLogger("transformers.generation.utils").addFilter(_DropNeverStopWarning())
-
-
-class _DropMissingKernelsPackage(logging.Filter):
-    """bitsandbytes (CPUs with AVX512-BF16) warns on import that the optional ``kernels`` package is
-    not installed; it then uses its own CPU kernels. Any other failure to load them still shows."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not ("gemm_4bit_forward from kernels-community" in message and "No module named 'kernels'" in message)
-
-
-# a filter on the logger itself (installed before bitsandbytes is imported) holds in every process,
-# xdist workers included, whatever handlers are configured later
-logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_DropMissingKernelsPackage())
-
-TORCH_TRACE_VARIABLES = ("TORCH_TRACE", "TORCH_DTRACE", "TORCH_COMPILE_DEBUG")
-
-
-class _DropTorchTrace(logging.Filter):
-    """torch's structured compile trace (``torch.__trace``) is always at DEBUG and never propagates;
-    pytest attaches its capture handlers to every non-propagating logger, so a failing test that
-    compiled shows thousands of empty DEBUG records. Kept when the user asked for a trace."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return any(os.environ.get(name) not in (None, "", "0") for name in TORCH_TRACE_VARIABLES)
-
-
-logging.getLogger("torch.__trace").addFilter(_DropTorchTrace())
+# its log filters must hold wherever a run happens, the plugin not loaded included (A/B and TP workers)
+from . import quiet_logs  # noqa: E402,F401
 
 
 @dataclass
@@ -240,16 +204,6 @@ def generated_cache(output: Any) -> Any:
     name ``past_key_values`` there logs a deprecation message), ``past_key_values`` before."""
     name = "cache" if "cache" in getattr(output, "__dataclass_fields__", {}) else "past_key_values"
     return getattr(output, name, None)
-
-
-class _DropPersistentManagerWarning(logging.Filter):
-    """transformers warns that a persistent manager is sized for this workload: it is, and it is freed after the call."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "persistent_manager=True" not in record.getMessage()
-
-
-logging.getLogger("ContinuousBatchingLogger").addFilter(_DropPersistentManagerWarning())
 
 
 def _paged_cache_bytes(model: Any) -> int | None:

@@ -80,6 +80,19 @@ def check_local_folder(local: Any) -> Path:
     return root
 
 
+def _kernels_submodule(name: str) -> Any:
+    """``kernels.<name>``: public up to kernels 0.17, under ``kernels._internals`` from 0.18 (transformers 5.23+
+    demands those). None when this kernels release has neither; callers then fall back to what loading checks."""
+    import importlib
+
+    for path in (f"kernels.{name}", f"kernels._internals.{name}"):
+        try:
+            return importlib.import_module(path)
+        except ImportError:
+            continue
+    return None
+
+
 def _backend(device_type: str) -> str | None:
     """The kernels backend for a device: 'cpu' by name, else the one torch was built for (kernels' default)."""
     return "cpu" if device_type == "cpu" else None
@@ -87,9 +100,10 @@ def _backend(device_type: str) -> str | None:
 
 def _resolve_build(root: Path, device_type: str) -> tuple[Path | None, list[str]]:
     """The build folder ``get_local_kernel`` would pick for ``device_type``, and why the others were rejected."""
-    try:
-        from kernels.variants import get_variants_local, resolve_variant
-    except ImportError:  # another kernels release: by folder name
+    variants = _kernels_submodule("variants")
+    get_variants_local = getattr(variants, "get_variants_local", None)
+    resolve_variant = getattr(variants, "resolve_variant", None)
+    if get_variants_local is None or resolve_variant is None:  # another kernels release: by folder name
         for build in _builds(root):
             if device_type == "cpu" and build.name in CPU_BUILDS:
                 return build, []
@@ -130,9 +144,8 @@ def build_problem(root: Path, device_type: str, what: str) -> str | None:
     depends = [d.repo_id for d in getattr(metadata, "kernel_depends", [])]
     if depends:  # resolving them means the Hub; a vendored kernel must stand alone
         return f"{what} needs a self-contained kernel (offline); found: kernel dependencies {', '.join(depends)}"
-    try:
-        from kernels.python_deps import validate_variant_dependencies
-    except ImportError:  # another kernels release: loading will check
+    validate_variant_dependencies = getattr(_kernels_submodule("python_deps"), "validate_variant_dependencies", None)
+    if validate_variant_dependencies is None:  # another kernels release: loading will check
         return None
     try:
         validate_variant_dependencies(build)

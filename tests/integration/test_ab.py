@@ -39,7 +39,7 @@ def test_sdpa(opt_bench):
     opt_bench(max_new_tokens=4)
 '''
 
-# A technique whose rounds are sleep-dominated (20 ms before every forward pass), so their length holds on a
+# A technique whose rounds are padded to a pause (20 ms per forward pass), so their length holds on a
 # busy machine (on an oversubscribed one the scheduler favours the reference's idle worker: a CPU-bound null
 # once read +120% under the suite's two workers), registered in the conftest, which the reference's worker
 # imports too. SLOWED doubles the pause in one environment only: the worker knows itself by its script.

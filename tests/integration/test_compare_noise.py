@@ -1,6 +1,6 @@
 """--opt-compare-fail on real sessions judges timed figures on both runs' rounds: noise passes, a slowdown fails.
 
-The test's optimized side sleeps a fixed time in every forward pass, so its rounds are steady on a busy
+The test's optimized side is padded to a fixed time per forward pass, so its rounds are steady on a busy
 machine; the earlier reports are a reference run's own report with its rounds replaced by the rounds a
 noisy (or a faster) earlier run would have written around the reference's median, the latency kept the
 median of those rounds. Built around the median, not from the reference's rounds, so that one slow round

@@ -1,7 +1,7 @@
 """--opt-compare=DIR on real sessions: each test judged against a window of its runs recorded by --opt-history.
 
-The test's optimized side sleeps in every forward pass (``slowdown.sleepy_conftest``), so its rounds are steady
-on a busy machine, and a longer sleep is a real slowdown. One real session records the first run of a history;
+The test's optimized side is padded to a pause per forward pass (``slowdown.sleepy_conftest``), so its rounds
+are steady on a busy machine, and a longer pause is a real slowdown. One real session records the first run of a history;
 the windows are that run's report copied into history files (named as --opt-history names them, an hour apart,
 in the past) with the latency edited to a quiet or a noisy spread around the recorded one, another hardware or
 another transformers version. The session under test then runs for real against that folder.

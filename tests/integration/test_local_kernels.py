@@ -5,10 +5,10 @@ Each test writes a small pure-PyTorch kernel repository (``build/torch-cpu/metad
 the built-in ``tiny-random-llama``.
 
 The tests that load a kernel need the ``kernels`` package, in the version window of the installed
-transformers: transformers 5.23+ demands kernels >= 0.18.2, which the package registry here lacks, so they
-run in the second environment (transformers 5.20-5.22 with kernels 0.17.2, ``scripts/kernels_env.sh``) and
-skip, for that reason only, where ``kernels`` is not installed. The config errors and the version-window
-skip need no kernels and run everywhere.
+transformers: transformers 5.25+ installs kernels 0.19 (whose modules live under ``kernels._internals``), so
+they run in the main environment, and again in the second one (transformers 5.20-5.22 with kernels 0.17.2,
+``scripts/kernels_env.sh``), the older API; they skip, for that reason only, where ``kernels`` is not
+installed. The config errors and the version-window skip need no kernels and run everywhere.
 """
 
 from __future__ import annotations
@@ -192,8 +192,9 @@ def test_layer_the_model_does_not_register_is_an_error(run_user, tmp_path: Path,
 def test_version_window_skip(run_user, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Outside the window transformers demands, a local kernel skips too, naming the window and what was found.
 
-    Where the environment is outside it (transformers 5.24 with no kernels) this is the real thing; in the
-    kernels environment the window is narrowed so that the installed kernels falls outside it.
+    Where the environment is outside it (transformers 5.24 with no kernels) this is the real thing; where
+    kernels is in the window (transformers 5.25+, or the kernels environment) the window is narrowed so that the
+    installed kernels falls outside it.
     """
     write_kernel(tmp_path / "k")
     real = layer_kernels.kernels_problem()
