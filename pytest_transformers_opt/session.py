@@ -459,10 +459,6 @@ class OptSession:
         if self._models is not None:
             self._models.clear()
         self.reference_runs.clear()
-        if self._hardware is not None:
-            from .engine.measure import unfreeze_long_lived_objects
-
-            unfreeze_long_lived_objects()
         if self.compile_cache is not None:
             try:
                 self.compile_cache.save()

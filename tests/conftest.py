@@ -33,6 +33,9 @@ import bitsandbytes  # noqa: E402,F401
 import optimum.quanto  # noqa: E402,F401
 import hqq  # noqa: E402,F401
 import accelerate  # noqa: E402,F401
+# hypothesis' pytest plugin imports hypothesis (some 75 modules, each rewritten by pytest's assertion rewriter, with no
+# bytecode cache under PYTHONDONTWRITEBYTECODE) in every in-process run that has not got it yet: kept here, once.
+import hypothesis  # noqa: E402,F401
 
 from pytest_transformers_opt.engine import tiny_models  # noqa: E402
 

@@ -64,3 +64,33 @@ def test_memory_is_released_after_the_last_test_of_a_model(run_user, pytester):
     # nothing is kept once the session ends; the compiled model's graphs went with it
     assert readings["cached_after"][-1] == 0
     assert readings["end"] - readings["start"] < 0.05 * readings["start"] + 64 * mib, readings
+
+
+def test_a_second_session_in_the_process_finds_the_stack_frozen(pytester, monkeypatch):
+    """The long-lived objects are frozen once per process (the first hardware probe): a second session there
+    (pytest.main called again, an in-process pytester run) pays no second full collection for it."""
+    import gc
+
+    from pytest_transformers_opt.engine import measure
+
+    pytester.makepyfile(test_user="def test_probe(opt_hardware):\n    assert opt_hardware.device_type == 'cpu'\n")
+    pytester.runpytest_inprocess("-p", "no:cacheprovider", "--opt-device=cpu").assert_outcomes(passed=1)
+    assert gc.get_freeze_count() > 0  # frozen by that session (or before it, in this process), and still
+
+    calls: list[str] = []
+
+    class Watched:
+        def __getattr__(self, name: str) -> object:
+            return getattr(gc, name)
+
+        def collect(self, *args: int) -> int:
+            calls.append("collect")
+            return gc.collect(*args)
+
+        def freeze(self) -> None:
+            calls.append("freeze")
+            gc.freeze()
+
+    monkeypatch.setattr(measure, "gc", Watched())
+    pytester.runpytest_inprocess("-p", "no:cacheprovider", "--opt-device=cpu").assert_outcomes(passed=1)
+    assert calls == []  # the probe ran (the test passed) without collecting or freezing again
