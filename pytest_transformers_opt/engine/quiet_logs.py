@@ -22,9 +22,10 @@ logging.getLogger("transformers.generation.utils").addFilter(_DropNeverStopWarni
 
 
 # why bitsandbytes could not load its hub kernel, when it then simply uses its own CPU kernels: the
-# package is absent, or (kernels >= 0.19, which transformers 5.25 installs) the repository is not trusted,
-# as remote code should not be by default
-_EXPECTED_HUB_KERNEL_REFUSALS = ("No module named 'kernels'", "could not verify publisher trust status")
+# package is absent; (kernels >= 0.19, which transformers 5.25 installs) the repository is not trusted, as
+# remote code should not be by default; or the Hub is off (HF_HUB_OFFLINE=1) and the kernel not cached
+_EXPECTED_HUB_KERNEL_REFUSALS = ("No module named 'kernels'", "could not verify publisher trust status",
+                                 "Hugging Face Hub is in offline mode")
 
 
 class _DropMissingKernelsPackage(logging.Filter):

@@ -290,7 +290,8 @@ def test_no_import_noise_in_output_captured_logs_or_warnings(pytester):
 
 def test_bitsandbytes_hub_kernel_refusals_are_dropped_and_other_failures_shown():
     """bitsandbytes falls back to its own CPU kernels when its hub kernel cannot load: the expected refusals
-    (no kernels package; kernels >= 0.19 refusing an untrusted repository) are noise, a real failure is not."""
+    (no kernels package; kernels >= 0.19 refusing an untrusted repository; the Hub off, HF_HUB_OFFLINE=1) are
+    noise, a real failure is not."""
     import logging
 
     from pytest_transformers_opt.engine import quiet_logs  # noqa: F401  (the plugin imported it already)
@@ -306,5 +307,7 @@ def test_bitsandbytes_hub_kernel_refusals_are_dropped_and_other_failures_shown()
     assert not shown("No module named 'kernels'")
     assert not shown("Kernel repository 'kernels-community/quantization-bitsandbytes' could not verify publisher "
                      "trust status. Set trust_remote_code=True or add the repository ID to the allowlist")
+    assert not shown("Version 1 of 'kernels-community/quantization-bitsandbytes' is not available in the local "
+                     "cache and Hugging Face Hub is in offline mode. Download the kernel while online first")
     assert shown("ConnectError: [Errno 111] Connection refused")
     assert shown("invalid ELF header")
