@@ -3,6 +3,7 @@ import noise. Each is checked as a user meets it: a real pytest session over a u
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -129,17 +130,20 @@ def test_timed_rounds_start_after_a_steady_warm_up_that_follows_the_verification
 
 # -- item 18: progress lines ----------------------------------------------------------------------------
 # The fast path: the built-in model with 3 training steps (a new fingerprint, so it is really built,
-# in seconds instead of minutes) and progress thresholds short enough to see every kind of line.
-FAST_BUILD_CONFTEST = """
-import dataclasses
+# in seconds instead of minutes) and progress thresholds short enough to see every kind of line. Set with
+# monkeypatch, undone after the test: the in-process run shares this worker's modules, and a spec left
+# patched made later tests here build their own model (or find no shipped weights for it).
 
-from pytest_transformers_opt.engine import loading, progress, tiny_models
 
-name = "tiny-random-llama"
-tiny_models.TINY_MODELS[name] = dataclasses.replace(tiny_models.TINY_MODELS[name], train_steps=3)
-progress.HEARTBEAT_S = 0.05
-loading.LOAD_ANNOUNCE_AFTER_S = 0.0
-"""
+def _fast_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_transformers_opt.engine import loading, progress
+
+    name = "tiny-random-llama"
+    monkeypatch.setitem(tiny_models.TINY_MODELS, name,
+                        dataclasses.replace(tiny_models.TINY_MODELS[name], train_steps=3))
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(loading, "LOAD_ANNOUNCE_AFTER_S", 0.0)
+
 
 PROGRESS_TEST = """
 import pytest
@@ -160,7 +164,7 @@ def _progress_lines(result: pytest.RunResult) -> list[str]:
 def test_long_work_prints_progress_lines_unless_very_quiet(pytester, monkeypatch, verbosity):
     cache = pytester.path / "empty-model-cache"
     monkeypatch.setenv(tiny_models.CACHE_ENV, str(cache))  # a machine that never built the model
-    pytester.makeconftest(FAST_BUILD_CONFTEST)
+    _fast_build(monkeypatch)
     pytester.makepyfile(test_user=PROGRESS_TEST)
     args = [*FAST_ARGS, "--opt-rounds=1", "--opt-warmup=0", "-p", "no:randomly"]
     result = pytester.runpytest(*args, *([verbosity] if verbosity != "default" else []))
