@@ -81,8 +81,8 @@ def check_local_folder(local: Any) -> Path:
 
 
 def _kernels_submodule(name: str) -> Any:
-    """``kernels.<name>``: public up to kernels 0.17, under ``kernels._internals`` from 0.18 (transformers 5.23+
-    demands those). None when this kernels release has neither; callers then fall back to what loading checks."""
+    """``kernels.<name>``: public up to kernels 0.18, under ``kernels._internals`` from 0.19 (which transformers 5.25
+    installs). None when this kernels release has neither; callers then fall back to what loading checks."""
     import importlib
 
     for path in (f"kernels.{name}", f"kernels._internals.{name}"):
