@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..compat import continuous_batching_manager
+from . import quiet_logs  # noqa: F401  (its log filters hold wherever a run happens: A/B and TP workers too)
 from .measure import RoundTiming, now
 from .progress import long_work
 from .repeated_messages import said_once
@@ -25,10 +26,6 @@ if TYPE_CHECKING:
 
 
 NEVER_STOP = -1  # an EOS id no token has
-
-
-# its log filters must hold wherever a run happens, the plugin not loaded included (A/B and TP workers)
-from . import quiet_logs  # noqa: E402,F401
 
 
 @dataclass
