@@ -15,6 +15,14 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+# Compiled graphs cost the suite most of its cold-cache time (inductor's g++, about 1.5 s a kernel on 2 cores). Two
+# habits keep them few:
+# - tests that compile tiny-random-llama and do not care about the workload use opt_bench's default one, the graph the
+#   example project (the README's main job, run first in CI) compiled: inductor's cache finds it;
+# - inductor compiles in the process that asks (set before torch is imported): its default pool of compile workers,
+#   two processes that each import torch, saved no time on 2 shared cores and cost 3 CPU-seconds a compiling process.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 # pytester's in-process runs drop every module first imported inside them when they end. torch
 # extensions register C++ operator libraries once per process, so re-importing them in the next
 # run fails ("Only a single TORCH_LIBRARY ..."). Importing them here, in the outer process, keeps

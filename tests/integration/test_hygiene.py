@@ -44,7 +44,7 @@ def test_big_model(opt_bench):
 
 @pytest.mark.optimization("compile")
 def test_compiled_tiny(opt_bench):
-    opt_bench(max_new_tokens=4, rounds=1)
+    opt_bench(rounds=1)  # the default workload: the graph the example project compiled (tests/conftest.py)
 
 @pytest.mark.opt_model("tiny-random-qwen3")
 @pytest.mark.optimization("sdpa")
