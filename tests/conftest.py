@@ -17,8 +17,9 @@ import pytest
 
 # Compiled graphs cost the suite most of its cold-cache time (inductor's g++, about 1.5 s a kernel on 2 cores). Two
 # habits keep them few:
-# - tests that compile tiny-random-llama and do not care about the workload use opt_bench's default one, the graph the
-#   example project (the README's main job, run first in CI) compiled: inductor's cache finds it;
+# - tests that compile tiny-random-llama and do not care about the workload use opt_bench's default one, so inductor's
+#   cache finds the graph the first of them compiled (not the README's main job's: inductor's CPU code is made for the
+#   thread count, one per xdist worker here, two there);
 # - inductor compiles in the process that asks (set before torch is imported): its default pool of compile workers,
 #   two processes that each import torch, saved no time on 2 shared cores and cost 3 CPU-seconds a compiling process.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")

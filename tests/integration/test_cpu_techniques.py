@@ -107,7 +107,7 @@ import pytest
 
 @pytest.mark.optimization("compile", max_recompiles=0)
 def test_compile(opt_bench, opt_model):
-    result = opt_bench()  # the default workload: the graph the example project compiled (tests/conftest.py)
+    result = opt_bench()  # the default workload: one graph for the suite's compile tests (tests/conftest.py)
     assert result.optimized.compile_time_s is not None
     (compile_technique,) = [t for t in opt_model.techniques if t.compiled]
     assert compile_technique.compiled_calls(opt_model.model) > 0

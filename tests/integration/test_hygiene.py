@@ -44,7 +44,7 @@ def test_big_model(opt_bench):
 
 @pytest.mark.optimization("compile")
 def test_compiled_tiny(opt_bench):
-    opt_bench(rounds=1)  # the default workload: the graph the example project compiled (tests/conftest.py)
+    opt_bench(rounds=1)  # the default workload: one graph for the suite's compile tests (tests/conftest.py)
 
 @pytest.mark.opt_model("tiny-random-qwen3")
 @pytest.mark.optimization("sdpa")
