@@ -10,8 +10,8 @@ all three:
 * ``null``: the reference is a wrapper script that execs this same interpreter, so both sides run the same
   stack: a test judged ``regressed`` is a false regression (goal: at most 1 of 20 sessions with any);
 * ``slowed candidate``: the pytest session (the candidate) runs with a folder on its PYTHONPATH whose
-  ``sitecustomize.py`` busy-waits ``--slowdown`` percent of each top-level module call (the model's
-  forward) after it returns; the reference worker does not see it (its environment drops PYTHONPATH): every
+  ``sitecustomize.py`` busy-waits ``--slowdown`` percent of each top-level transformers model call (the
+  model's forward) after it returns; the reference worker does not see it (its environment drops PYTHONPATH): every
   test should be ``regressed`` (goal: 19 of 20 sessions);
 * ``slowed reference``: the wrapper puts that folder on the reference's PYTHONPATH only: every test should be
   ``improved`` (goal: 19 of 20 sessions).
@@ -68,11 +68,14 @@ JUDGED = ("regressed", "improved", "ok")  # the other verdict, "not judged": a s
 SCENARIOS: dict[str, str] = {"null": "ok", "slowed candidate": "regressed", "slowed reference": "improved"}
 
 # The slow-down, as a sitecustomize: Python imports it at start-up from the first folder on sys.path that has
-# one, so it acts in exactly the processes that have its folder on their PYTHONPATH. It patches torch when
-# torch is first imported (an import hook), so a process that never imports torch pays nothing.
+# one, so it acts in exactly the processes that have its folder on their PYTHONPATH. It patches transformers when
+# transformers.modeling_utils is first imported (an import hook), so a process that never imports it pays nothing.
+# It wraps PreTrainedModel's call only, not torch's Module: a wrapper on every module's call (each Linear, each
+# norm) cost the tiny model's generate +9.6% in-process with nothing busy-waited (RESULTS, issue 20), so a
+# "10%" slow-down there was +30-50%; a model's call is a handful per token.
 SLOWDOWN_SITECUSTOMIZE = '''\
-"""Written by benchmarks/ab_study.py: this environment, @PCT@% slower. Every top-level torch module call (a
-model's forward, not the layers inside it) busy-waits @PCT@% of its own time after it returns, outside
+"""Written by benchmarks/ab_study.py: this environment, @PCT@% slower. Every top-level transformers model call (a
+model's forward, not the models or layers inside it) busy-waits @PCT@% of its own time after it returns, outside
 torch.compile's graphs."""
 import sys
 import threading
@@ -82,31 +85,31 @@ FACTOR = @FACTOR@
 _state = threading.local()
 
 
-def _slow_down(module_class):
-    call = module_class.__call__
-
+def _slow_down(model_class, module_call):
     def slowed(self, *args, **kwargs):
-        import torch
-
-        if torch.compiler.is_compiling() or getattr(_state, "inside", False):
-            return call(self, *args, **kwargs)
+        if getattr(_state, "inside", False) or sys.modules["torch"].compiler.is_compiling():
+            return module_call(self, *args, **kwargs)
         _state.inside = True
         started = time.perf_counter()
         try:
-            return call(self, *args, **kwargs)
+            return module_call(self, *args, **kwargs)
         finally:
             _state.inside = False
             until = time.perf_counter() + (time.perf_counter() - started) * FACTOR
             while time.perf_counter() < until:
                 pass
 
-    module_class.__call__ = slowed
+    model_class.__call__ = slowed
 
 
-class _PatchTorchOnImport:
-    """On the import of torch.nn.modules.module: load it as usual, then slow its Module down."""
+def _patch(modeling_utils):
+    _slow_down(modeling_utils.PreTrainedModel, sys.modules["torch"].nn.Module.__call__)
 
-    target = "torch.nn.modules.module"
+
+class _PatchOnImport:
+    """On the import of transformers.modeling_utils: load it as usual, then slow its PreTrainedModel down."""
+
+    target = "transformers.modeling_utils"
 
     def find_spec(self, name, path, target=None):
         if name != self.target:
@@ -122,16 +125,16 @@ class _PatchTorchOnImport:
 
         def exec_and_patch(module):
             exec_module(module)
-            _slow_down(module.Module)
+            _patch(module)
 
         spec.loader.exec_module = exec_and_patch
         return spec
 
 
-if "torch.nn.modules.module" in sys.modules:
-    _slow_down(sys.modules["torch.nn.modules.module"].Module)
+if _PatchOnImport.target in sys.modules:
+    _patch(sys.modules[_PatchOnImport.target])
 else:
-    sys.meta_path.insert(0, _PatchTorchOnImport())
+    sys.meta_path.insert(0, _PatchOnImport())
 '''
 
 

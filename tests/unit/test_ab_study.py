@@ -1,5 +1,5 @@
 """benchmarks/ab_study.py's pieces, without a pytest session of --opt-ab: the reference wrapper execs the right
-interpreter, the slow-down sitecustomize slows each top-level forward by its share and acts only where its folder
+interpreter, the slow-down sitecustomize slows each top-level model forward by its share and acts only where its folder
 is on the path, and the study counts verdicts from the JSON reports as issue 20's goals read them."""
 
 from __future__ import annotations
@@ -16,45 +16,62 @@ import pytest
 
 from benchmark_scripts import ab_study  # tests/ is on sys.path (pytest's rootdir conftest import)
 
-# Times one top-level module call around a forward that busy-waits 5 ms and calls a child module: what the caller
-# waited, what the forward itself took, and the child's call against the child's own time (nested calls are
-# not slowed again).
+# Times one top-level model call around a forward that busy-waits 3 ms and calls an inner model (as a
+# ...ForCausalLM calls its ...Model) and a plain torch layer: what the caller waited against what the forward itself
+# took, and the inner calls against their own time (nested calls are not slowed again; torch's layers not at all).
 PROBE = '''
 import json, statistics, sys, time
-torch_at_start = "torch" in sys.modules
+transformers_at_start = "transformers.modeling_utils" in sys.modules
 import torch
+from transformers import PretrainedConfig, PreTrainedModel
 
-class Child(torch.nn.Module):
+def busy(seconds):
+    started = time.perf_counter()
+    while time.perf_counter() < started + seconds:
+        pass
+    return time.perf_counter() - started
+
+class Layer(torch.nn.Module):
     def forward(self, x):
-        started = time.perf_counter()
-        while time.perf_counter() < started + 0.002:
-            pass
-        self.took = time.perf_counter() - started
+        self.took = busy(0.001)
         return x
 
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.child = Child()
+class Inner(PreTrainedModel):
+    config_class = PretrainedConfig
+
+    def forward(self, x):
+        self.took = busy(0.002)
+        return x
+
+class Model(PreTrainedModel):
+    config_class = PretrainedConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.inner, self.layer = Inner(config), Layer()
 
     def forward(self, x):
         started = time.perf_counter()
-        while time.perf_counter() < started + 0.003:
-            pass
+        busy(0.003)
         called = time.perf_counter()
-        x = self.child(x)
-        self.child_call = time.perf_counter() - called
+        x = self.inner(x)
+        self.inner_call = time.perf_counter() - called
+        called = time.perf_counter()
+        x = self.layer(x)
+        self.layer_call = time.perf_counter() - called
         self.took = time.perf_counter() - started
         return x
 
-model, x, outer, nested = Model(), torch.zeros(1), [], []
+model, x, outer, nested, layer = Model(PretrainedConfig()), torch.zeros(1), [], [], []
 for _ in range(21):
     started = time.perf_counter()
     model(x)
     outer.append((time.perf_counter() - started) / model.took)
-    nested.append(model.child_call / model.child.took)
+    nested.append(model.inner_call / model.inner.took)
+    layer.append(model.layer_call / model.layer.took)
 print(json.dumps({"outer": statistics.median(outer), "nested": statistics.median(nested),
-                  "torch_at_start": torch_at_start}))
+                  "layer": statistics.median(layer), "transformers_at_start": transformers_at_start,
+                  "module_call": torch.nn.Module.__call__.__name__}))
 '''
 
 
@@ -104,9 +121,12 @@ def test_the_slowdown_busy_waits_its_share_of_each_top_level_forward_only_where_
     # the wait is 10% of the call's own measured time, so the machine's noise scales both alike
     assert 1.08 <= slowed["outer"] <= 1.16, slowed
     assert plain["outer"] < 1.04, plain
-    # the layers inside are not slowed once more (that would add 0.1; the call's own overhead is there in both)
+    # the models and layers inside are not slowed once more (that would add 0.1; the call's own overhead is there
+    # in both), and torch's Module call is left alone: wrapping every layer's call cost more than the slow-down
     assert slowed["nested"] < plain["nested"] + 0.05, (slowed, plain)
-    assert slowed["torch_at_start"] is False  # the sitecustomize imports torch only when the process does
+    assert slowed["layer"] < plain["layer"] + 0.05, (slowed, plain)
+    assert slowed["module_call"] == plain["module_call"] == "_wrapped_call_impl"
+    assert slowed["transformers_at_start"] is False  # the sitecustomize imports nothing until the process does
 
 
 def test_the_slowdown_costs_a_process_without_torch_nothing(tmp_path: Path) -> None:
