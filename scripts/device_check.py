@@ -184,9 +184,12 @@ def run_pytest(test_file: Path, report: Path, log_path: Path, device: str, round
                f"--opt-device={device}", "--opt-budgets=warn", "-W", "ignore::DeprecationWarning"]
     env = dict(os.environ)
     env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    if not plugin_installed():  # a bare checkout (the device machine): load the plugin from the repository
+    # This checkout's code, installed or not. With the repository on the path the child sees what this process
+    # sees (REPO is on sys.path here): an entry point (installed, or an editable install's *.egg-info left in the
+    # checkout), or none (a bare checkout: the device machine), and then the plugin is named.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    if not plugin_installed():
         command[4:4] = ["-p", "pytest_transformers_opt.plugin"]
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     log("running: " + " ".join(command))
     started = time.perf_counter()
     timed_out = False
