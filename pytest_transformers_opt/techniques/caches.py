@@ -28,6 +28,12 @@ class CacheTechnique(Technique):
 
     def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:
         gen.kwargs["cache_implementation"] = self.cache_implementation
+        if self.compileable:
+            # On CUDA transformers compiles the forward by itself when the cache is compileable (static,
+            # sliding window, offloaded static); keep the two effects apart so that a cache technique measures
+            # the cache and `compile` (which sets disable_compile=False) measures compilation. Seen on an H200
+            # (torch 2.11, transformers 5.17): offloaded_static_cache, compiled unasked, crashed the interpreter.
+            gen.kwargs.setdefault("disable_compile", True)
 
     def cache_layers(self, evidence: RunEvidence) -> list[str]:
         layers = getattr(evidence.cache, "layers", None) or []
@@ -38,12 +44,6 @@ class StaticCacheTechnique(CacheTechnique):
     name = "static_cache"
     cache_implementation = "static"
     summary = "a pre-allocated, fixed-size KV cache (cache_implementation='static'), not compiled"
-
-    def configure_generation(self, gen: GenerationSettings, ctx: ProbeContext) -> None:
-        super().configure_generation(gen, ctx)
-        # On CUDA transformers compiles a static cache by itself; keep the two effects apart so that
-        # static_cache measures the cache and `compile` measures compilation.
-        gen.kwargs.setdefault("disable_compile", True)
 
     def verify_run(self, model: Any, evidence: RunEvidence) -> str | None:
         layers = self.cache_layers(evidence)
@@ -100,7 +100,7 @@ class OffloadedStaticCache(OffloadedCacheTechnique):
     name = "offloaded_static_cache"
     cache_implementation = "offloaded_static"
     compileable = True
-    summary = "a static KV cache offloaded to CPU memory"
+    summary = "a static KV cache offloaded to CPU memory, not compiled"
 
 
 class QuantizedCacheTechnique(CacheTechnique):
