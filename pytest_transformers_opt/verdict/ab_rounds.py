@@ -17,6 +17,13 @@ from .sequential import AB_MAX_ROUNDS, AB_MIN_PAIRS, AUTO_ROUNDS, BEYOND, WITHIN
 if TYPE_CHECKING:
     from ..report.compare import Threshold
 
+# The fewest pairs after which the rounds stop at a change (``regressed`` or ``improved``); "no change" stops from
+# AB_MIN_PAIRS (5). The one false regression of 20 null sessions stopped at 5 pairs, every pair one way: a slow
+# spell of the machine that lasted five rounds and fell on one side's turns (benchmarks/RESULTS.md). A verdict
+# that fails a merge waits for 8 (signed-rank p at least 1/256 apart from a spell's); a real slowdown on a quiet
+# runner pays 3 rounds more.
+AB_MIN_CHANGE_PAIRS = 8
+
 # the gate's verdict on one threshold so far, and the (reference, candidate) rounds it judged as pairs, or None
 # (``session.OptSession.ab_gate_so_far``: the rule lives with the report's verdicts, a later stage)
 GateSoFar = Callable[["Threshold", dict[str, Any], dict[str, Any]], tuple[str, "tuple[list[float], list[float]] | None"]]
@@ -58,7 +65,8 @@ def ab_keep_going(decision: RoundsDecision, thresholds: Sequence["Threshold"], c
     directions (``_ab_directions``): worse past the limit and ``regressed``, better past it and ``improved``,
     or within it both ways and ``ok``. The SPRT decides when to stop, never the verdict: the gate judges all
     the rounds at the session's end, as it would a fixed count. Until ``AB_MIN_PAIRS`` pairs the rule cannot
-    judge on pairs, so the rounds go on; a figure whose rounds are not pairs (a round that did not measure
+    judge on pairs, so the rounds go on; a change (``regressed``, ``improved``) settles only from
+    ``AB_MIN_CHANGE_PAIRS`` pairs; a figure whose rounds are not pairs (a round that did not measure
     TTFT) is judged unpaired at the end and holds nothing open.
     """
     decision.ab = {}
@@ -74,8 +82,13 @@ def ab_keep_going(decision: RoundsDecision, thresholds: Sequence["Threshold"], c
             decision.ab[name] = f"{verdict} by the gate's rule on rounds that are not pairs"
             continue
         worse, better = _ab_directions(threshold, *pairs)
-        if (verdict, worse, better) in (("regressed", BEYOND, WITHIN), ("improved", WITHIN, BEYOND),
-                                        ("ok", WITHIN, WITHIN)):
+        agreed = (verdict, worse, better) in (("regressed", BEYOND, WITHIN), ("improved", WITHIN, BEYOND),
+                                              ("ok", WITHIN, WITHIN))
+        if agreed and verdict != "ok" and decision.rounds < AB_MIN_CHANGE_PAIRS:
+            decision.ab[name] = f"{verdict} by the gate's rule and the SPRT; a change settles from {AB_MIN_CHANGE_PAIRS} pairs"
+            still_open.append(name)
+            continue
+        if agreed:
             past = {"regressed": "worse by more than the limit", "improved": "better by more than the limit",
                     "ok": "within the limit both ways"}[verdict]
             decision.ab[name] = f"{verdict}, settled (SPRT: {past})"

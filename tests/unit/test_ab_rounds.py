@@ -12,7 +12,7 @@ from benchmark_scripts import load_script  # noqa: E402  (tests/ is on sys.path)
 
 from pytest_transformers_opt.report.compare import Threshold, parse_compare_fail
 from pytest_transformers_opt.session import OptSession
-from pytest_transformers_opt.verdict.ab_rounds import ab_cap, ab_keep_going, ab_thresholds_to_settle
+from pytest_transformers_opt.verdict.ab_rounds import AB_MIN_CHANGE_PAIRS, ab_cap, ab_keep_going, ab_thresholds_to_settle
 from pytest_transformers_opt.verdict.sequential import (AB_MAX_ROUNDS, AB_MIN_PAIRS, AUTO_ROUNDS, RoundsDecision,
                                                         RoundsRule, parse_rounds)
 
@@ -52,32 +52,41 @@ def test_fewer_pairs_than_the_signed_rank_rule_needs_stay_open() -> None:
     assert decision.ab == {"latency:5%": f"open (fewer than {AB_MIN_PAIRS} pairs)"}
 
 
-def test_a_clear_regression_on_quiet_pairs_settles_at_the_first_look() -> None:
-    reference = [0.100, 0.102, 0.099, 0.101, 0.100]
+def test_a_clear_regression_on_quiet_pairs_settles_at_eight_pairs_not_before() -> None:
+    """The gate and the SPRT agree on a 30% slowdown at 5 pairs, but a change (which fails a merge) waits for
+    AB_MIN_CHANGE_PAIRS: five rounds one way is what a slow spell of the machine gives too."""
+    reference = [0.100, 0.102, 0.099, 0.101, 0.100, 0.098, 0.101, 0.100]
+    assert AB_MIN_CHANGE_PAIRS == len(reference) > AB_MIN_PAIRS
+    for pairs in range(AB_MIN_PAIRS, AB_MIN_CHANGE_PAIRS):
+        go_on, decision = _look([r * 1.30 for r in reference[:pairs]], reference[:pairs])
+        assert go_on and not decision.ab_settled
+        assert decision.ab["latency:5%"] == "regressed by the gate's rule and the SPRT; a change settles from 8 pairs"
     go_on, decision = _look([r * 1.30 for r in reference], reference)
     assert not go_on and decision.ab_settled
     assert decision.ab["latency:5%"] == "regressed, settled (SPRT: worse by more than the limit)"
-    assert decision.note() == ("sequential rounds: every --opt-ab-fail verdict on rounds settled after 5 rounds "
+    assert decision.note() == ("sequential rounds: every --opt-ab-fail verdict on rounds settled after 8 rounds "
                                "(latency:5%: regressed, settled (SPRT: worse by more than the limit))")
     record = decision.to_dict()["ab"]
     assert record == {"max_rounds": AB_MAX_ROUNDS, "settled": True,
                       "thresholds": {"latency:5%": "regressed, settled (SPRT: worse by more than the limit)"}}
 
 
-def test_an_improvement_and_no_change_settle_too() -> None:
-    reference = [0.100, 0.102, 0.099, 0.101, 0.100, 0.098]
+def test_an_improvement_settles_at_eight_pairs_and_no_change_before() -> None:
+    reference = [0.100, 0.102, 0.099, 0.101, 0.100, 0.098, 0.101, 0.100]
+    go_on, decision = _look([r / 1.30 for r in reference[:6]], reference[:6])
+    assert go_on and decision.ab["latency:5%"] == "improved by the gate's rule and the SPRT; a change settles from 8 pairs"
     go_on, decision = _look([r / 1.30 for r in reference], reference)
     assert not go_on and decision.ab["latency:5%"] == "improved, settled (SPRT: better by more than the limit)"
-    go_on, decision = _look([r * f for r, f in zip(reference, (1.003, 0.998, 1.001, 0.999, 1.002, 1.0))], reference)
+    go_on, decision = _look([r * f for r, f in zip(reference, (1.003, 0.998, 1.001, 0.999, 1.002, 1.0))], reference[:6])
     assert not go_on and decision.ab["latency:5%"] == "ok, settled (SPRT: within the limit both ways)"
 
 
 def test_throughput_is_worse_when_it_falls() -> None:
-    reference = [100.0, 102.0, 99.0, 101.0, 100.0]
+    reference = [100.0, 102.0, 99.0, 101.0, 100.0, 98.0, 101.0, 100.0]
     candidate = [r / 1.3 for r in reference]
-    sides = [{"optimized": {"throughput_tok_s": statistics.median(v), "throughput_samples_tok_s": v, "rounds": 5}}
+    sides = [{"optimized": {"throughput_tok_s": statistics.median(v), "throughput_samples_tok_s": v, "rounds": 8}}
              for v in (candidate, reference)]
-    decision = RoundsDecision(AUTO_ROUNDS, rounds=5, ab_max_rounds=AB_MAX_ROUNDS)
+    decision = RoundsDecision(AUTO_ROUNDS, rounds=8, ab_max_rounds=AB_MAX_ROUNDS)
     assert not ab_keep_going(decision, [Threshold("throughput", 5.0, True)], *sides, OptSession.ab_gate_so_far)
     assert decision.ab["throughput:5%"] == "regressed, settled (SPRT: worse by more than the limit)"
 
@@ -105,7 +114,7 @@ def test_rounds_that_are_not_pairs_hold_nothing_open() -> None:
     assert decision.ab == {"ttft:5%": "ok by the gate's rule on rounds that are not pairs"}
 
 
-@pytest.mark.parametrize("spread, most_rounds", [(0.19, 60), (0.05, 12)])
+@pytest.mark.parametrize("spread, most_rounds", [(0.19, 64), (0.05, 12)])
 def test_stopping_keeps_false_regressions_rare_and_finds_a_slowdown_twice_the_limit(spread: float,
                                                                                      most_rounds: int) -> None:
     """At this machine's paired spread (0.19, measured by ab_study) and a quiet one's (benchmarks/ab_rounds_sim.py's
