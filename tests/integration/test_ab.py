@@ -242,17 +242,21 @@ def test_ctrl_c_mid_ab_leaves_no_worker_behind(pytester):
     reference = _wrapper(pytester.path / "reference-python", before='echo "$$" >> "$(dirname "$0")/started"')
     # sleep-dominated rounds: 200 of them outlast the wait below on any machine (the tiny model's own 200 rounds
     # ended before it on a quiet one, and the interrupt found the session done)
-    pytester.makeconftest(sleepy_conftest())
+    # the candidate's sleepy side marks its 40th generate: the session is then in its timed rounds, with the
+    # reference's turns between (waiting a fixed 8 s after the worker's start missed that window under the
+    # suite's load on a slower host: the Ctrl-C came before the rounds and the session ran on, 2026-12-04)
+    prelude = ("_GENERATES = []\n\ndef _pause():\n    _GENERATES.append(None)\n"
+               "    if len(_GENERATES) == 40:\n        open('in-rounds', 'w').close()\n    return 0.02\n")
+    pytester.makeconftest(sleepy_conftest(prelude=prelude, pause="_pause()"))
     pytester.makepyfile(test_user=SLEEPY_TEST.replace("max_new_tokens=3", "max_new_tokens=3, rounds=200"))
     env = {**os.environ, "PYTEST_ADDOPTS": "-p no:randomly -p no:asyncio"}
     process = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--opt-ab={reference}"],
                                cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    started = pytester.path / "started"
+    started, in_rounds = pytester.path / "started", pytester.path / "in-rounds"
     deadline = time.monotonic() + 240
-    while not started.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert started.exists(), process.communicate()[0].decode(errors="replace")[-3000:]
-    time.sleep(8)  # into its rounds
+    while not in_rounds.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert started.exists() and in_rounds.exists(), process.communicate()[0].decode(errors="replace")[-3000:]
     process.send_signal(signal.SIGINT)
     output = process.communicate(timeout=120)[0].decode(errors="replace")
     assert process.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
