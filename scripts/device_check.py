@@ -174,12 +174,8 @@ def plugin_installed() -> bool:
 
 
 # -- running pytest -----------------------------------------------------------------------------------
-def run_pytest(test_file: Path, report: Path, log_path: Path, device: str, rounds: int, warmup: int,
-               timeout: float) -> tuple[int | None, bool, float]:
-    """Run pytest; on timeout interrupt it (SIGINT: it still writes the report of what finished).
-
-    Returns (exit code or None, timed out, seconds).
-    """
+def pytest_command(test_file: Path, report: Path, device: str, rounds: int, warmup: int) -> tuple[list[str], dict[str, str]]:
+    """The pytest child's command line and environment."""
     command = [sys.executable, "-m", "pytest", str(test_file), "-v", "-p", "no:cacheprovider",
                "--opt-report", f"--opt-report-json={report}", f"--opt-rounds={rounds}", f"--opt-warmup={warmup}",
                f"--opt-device={device}", "--opt-budgets=warn", "-W", "ignore::DeprecationWarning"]
@@ -196,6 +192,16 @@ def run_pytest(test_file: Path, report: Path, log_path: Path, device: str, round
         # a compiled graph, seen on the H200) is that test's failure with xdist's crash line, and the worker
         # is restarted for the rest, where in-process the crash ends the session and its report is lost.
         command[4:4] = ["-n", "1"]
+    return command, env
+
+
+def run_pytest(test_file: Path, report: Path, log_path: Path, device: str, rounds: int, warmup: int,
+               timeout: float) -> tuple[int | None, bool, float]:
+    """Run pytest; on timeout interrupt it (SIGINT: it still writes the report of what finished).
+
+    Returns (exit code or None, timed out, seconds).
+    """
+    command, env = pytest_command(test_file, report, device, rounds, warmup)
     log("running: " + " ".join(command))
     started = time.perf_counter()
     timed_out = False

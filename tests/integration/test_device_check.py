@@ -58,3 +58,31 @@ def test_decode_column_shows_the_share_of_peak_on_a_gpu(device_check):
     assert device_check._decode({"decode_bandwidth_bytes_s": 2.4e12, "decode_bandwidth_fraction_of_peak": 0.5}) \
         == "2.4e+03 (50% of peak)"
     assert device_check._decode({}) == "-"
+
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["entry point visible", "bare checkout"])
+def test_the_pytest_child_gets_the_checkout_and_one_xdist_worker(device_check, monkeypatch, tmp_path, installed):
+    """The child always gets the checkout on its path; the plugin is named only where no entry point is visible;
+    where pytest-xdist is installed the tests run in one worker, so a technique that crashes the interpreter
+    fails alone (on the H200 offloaded_static_cache's segfault had ended the session, report and all)."""
+    monkeypatch.setattr(device_check, "plugin_installed", lambda: installed)
+    command, env = device_check.pytest_command(tmp_path / "test_x.py", tmp_path / "r.json", "cpu", 2, 1)
+    assert env["PYTHONPATH"].split(":")[0] == str(device_check.REPO)
+    assert ("pytest_transformers_opt.plugin" in command) is not installed
+    assert command[command.index("-n") + 1] == "1"  # xdist is installed here (the suite runs on it)
+
+
+def test_the_pytest_child_as_composed_here_has_the_plugin_once(device_check, tmp_path):
+    """The command as this machine composes it (an editable install: an entry point, and an *.egg-info in the
+    checkout that once made the script leave the child without the plugin): the child knows --opt-* options,
+    and does not load the plugin twice (pluggy refuses that)."""
+    import subprocess
+
+    command, env = device_check.pytest_command(tmp_path / "test_x.py", tmp_path / "r.json", "cpu", 2, 1)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    options = [a for a in command[4:] if a in ("-p", "pytest_transformers_opt.plugin", "no:cacheprovider")]
+    done = subprocess.run(command[:3] + options + ["--help"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--opt-report-json" in done.stdout
