@@ -86,6 +86,11 @@ TECHNIQUES: list[tuple[str, str]] = [
     ("quantized_cache_quanto_4", 'techniques.quantized_cache(backend="quanto", nbits=4)'),
     ("compile", '"compile"'),
 ]
+# --ab: the A/B gate's null on the device. The reference is this same environment behind a wrapper script that
+# execs this interpreter, so every "regressed" or "improved" verdict is a false one.
+AB_TECHNIQUES: list[tuple[str, str]] = [("sdpa", '"sdpa"'), ("static_cache", '"static_cache"'), ("compile", '"compile"')]
+AB_FAIL = "latency:5%,peak_memory:5%"
+AB_FIGURES = ("latency", "ttft", "tpot", "peak_memory")
 LABELS = {
     "kernels_community_flash_attn2": "kernels-community/flash-attn2",
     "quantized_cache_quanto_4": "quantized_cache(quanto, 4)",
@@ -149,7 +154,8 @@ def ensure_model(folder: Path, shape: dict[str, Any], dtype: str, build_device: 
 
 
 # -- the test file ------------------------------------------------------------------------------------
-def test_source(model_dir: Path, dtype: str, max_new_tokens: int) -> str:
+def test_source(model_dir: Path, dtype: str, max_new_tokens: int,
+                techniques: list[tuple[str, str]] = TECHNIQUES) -> str:
     lines = [
         '"""Written by scripts/device_check.py: one test per GPU technique; budgets are reported, not gating."""',
         "import pytest",
@@ -158,7 +164,7 @@ def test_source(model_dir: Path, dtype: str, max_new_tokens: int) -> str:
         f"pytestmark = pytest.mark.opt_model({str(model_dir)!r}, dtype={dtype!r})",
         f"MAX_NEW_TOKENS = {max_new_tokens}",
     ]
-    for name, expression in TECHNIQUES:
+    for name, expression in techniques:
         lines += ["", "", f"@pytest.mark.optimization({expression})", f"def test_{name}(opt_bench):",
                   "    result = opt_bench(max_new_tokens=MAX_NEW_TOKENS)",
                   "    assert result.optimized.tokens_generated > 0"]
@@ -174,11 +180,22 @@ def plugin_installed() -> bool:
 
 
 # -- running pytest -----------------------------------------------------------------------------------
-def pytest_command(test_file: Path, report: Path, device: str, rounds: int, warmup: int) -> tuple[list[str], dict[str, str]]:
-    """The pytest child's command line and environment."""
+def write_ab_wrapper(folder: Path) -> Path:
+    """A reference "environment" that is this one: a script that execs this interpreter."""
+    wrapper = folder / "reference-python"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def pytest_command(test_file: Path, report: Path, device: str, rounds: int | str, warmup: int,
+                   ab_python: Path | None = None) -> tuple[list[str], dict[str, str]]:
+    """The pytest child's command line and environment (with ``ab_python``: the A/B gate against it)."""
     command = [sys.executable, "-m", "pytest", str(test_file), "-v", "-p", "no:cacheprovider",
                "--opt-report", f"--opt-report-json={report}", f"--opt-rounds={rounds}", f"--opt-warmup={warmup}",
                f"--opt-device={device}", "--opt-budgets=warn", "-W", "ignore::DeprecationWarning"]
+    if ab_python is not None:
+        command += [f"--opt-ab={ab_python}", f"--opt-ab-fail={AB_FAIL}"]
     env = dict(os.environ)
     env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     # This checkout's code, installed or not. With the repository on the path the child sees what this process
@@ -195,13 +212,13 @@ def pytest_command(test_file: Path, report: Path, device: str, rounds: int, warm
     return command, env
 
 
-def run_pytest(test_file: Path, report: Path, log_path: Path, device: str, rounds: int, warmup: int,
-               timeout: float) -> tuple[int | None, bool, float]:
+def run_pytest(test_file: Path, report: Path, log_path: Path, device: str, rounds: int | str, warmup: int,
+               timeout: float, ab_python: Path | None = None) -> tuple[int | None, bool, float]:
     """Run pytest; on timeout interrupt it (SIGINT: it still writes the report of what finished).
 
     Returns (exit code or None, timed out, seconds).
     """
-    command, env = pytest_command(test_file, report, device, rounds, warmup)
+    command, env = pytest_command(test_file, report, device, rounds, warmup, ab_python)
     log("running: " + " ".join(command))
     started = time.perf_counter()
     timed_out = False
@@ -259,8 +276,10 @@ def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def table(report: dict[str, Any] | None, width: int = 72, interrupted: bool = False) -> tuple[list[list[str]], list[str]]:
-    """Rows (header first) in the order of TECHNIQUES, and the notes (full skip reasons, errors)."""
+def table(report: dict[str, Any] | None, width: int = 72, interrupted: bool = False,
+          only: list[str] | None = None) -> tuple[list[list[str]], list[str]]:
+    """Rows (header first) in the order of TECHNIQUES (those in ``only`` where given), and the notes (full skip
+    reasons, errors)."""
     entries = {}
     for entry in (report or {}).get("tests", []):
         entries[entry["nodeid"].rsplit("::test_", 1)[-1]] = entry
@@ -268,6 +287,8 @@ def table(report: dict[str, Any] | None, width: int = 72, interrupted: bool = Fa
              "speedup", "KL / top-1", "decode GB/s (estimate)"]]
     notes: list[str] = []
     for name, _ in TECHNIQUES:
+        if only and name not in only:
+            continue
         label = LABELS.get(name, name)
         entry = entries.get(name)
         if entry is None:
@@ -296,6 +317,38 @@ def table(report: dict[str, Any] | None, width: int = 72, interrupted: bool = Fa
                      _pair(opt.get("tpot_s"), base.get("tpot_s"), _ms),
                      _pair(opt.get("peak_memory_bytes"), base.get("peak_memory_bytes"), _bytes),
                      "-" if speedup is None else f"{speedup:.2f}x", similarity, _decode(entry.get("estimates") or {})])
+    return rows, notes
+
+
+def ab_table(report: dict[str, Any] | None, only: list[str] | None = None) -> tuple[list[list[str]], list[str]]:
+    """``--ab``: per technique, the A/B verdict and each figure's change [95% interval] (candidate against
+    the reference; both are this environment, so any verdict but "ok" is a false one)."""
+    entries = {e["nodeid"].rsplit("::test_", 1)[-1]: e for e in (report or {}).get("tests", [])}
+    rows = [["technique", "outcome", "A/B verdict", "pairs"] + [f"{f} change [95%]" for f in AB_FIGURES]]
+    notes: list[str] = []
+    for name, _ in AB_TECHNIQUES:
+        if only and name not in only:
+            continue
+        entry = entries.get(name)
+        if entry is None:
+            rows.append([name, "not run (time limit or crash)", "-", "-"] + ["-"] * len(AB_FIGURES))
+            continue
+        ab = entry.get("ab") or {}
+        if entry.get("error"):
+            notes.append(f"{name}: {' '.join(entry['error'].split())[:1000]}")
+        figures = ab.get("figures") or {}
+        cells = []
+        for metric in AB_FIGURES:
+            record = figures.get(metric) or {}
+            change, interval = record.get("change_pct"), record.get("interval_pct")
+            if change is None:
+                cells.append("-")
+                continue
+            bounds = f" [{interval[0]:+.1f}, {interval[1]:+.1f}]" if isinstance(interval, list) and len(interval) == 2 \
+                and None not in interval else ""
+            cells.append(f"{change:+.1f}%{bounds} {record.get('word') or ''}".strip())
+        pairs = len(((ab.get("optimized") or {}).get("latency_samples_s")) or [])
+        rows.append([name, entry["outcome"], str(ab.get("verdict") or "-"), str(pairs or "-")] + cells)
     return rows, notes
 
 
@@ -350,12 +403,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cpu", action="store_true",
                         help="smoke test on CPU: a tiny Qwen3 (hidden 64, 2 layers, vocab 512), float32, "
                              "--opt-device=cpu, 8 new tokens")
-    parser.add_argument("--rounds", type=int, default=None, help="measured rounds per side (default: 5; --cpu: 2)")
+    parser.add_argument("--rounds", default=None, help="measured rounds per side (default: 5; --cpu: 2; --ab: auto)")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up rounds per side (default: 2; --cpu: 1)")
+    parser.add_argument("--ab", action="store_true",
+                        help="the A/B gate's null instead of the catalogue: sdpa, static_cache and compile with "
+                             "--opt-ab=<a wrapper that execs this Python> and --opt-ab-fail=" + AB_FAIL +
+                             " (default rounds: auto)")
+    parser.add_argument("--only", default=None, metavar="NAME[,NAME]",
+                        help="run these techniques' tests only (their test names: " +
+                             ", ".join(name for name, _ in TECHNIQUES) + ")")
     parser.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)  # the child that builds
     args = parser.parse_args(argv)
+    names = {name for name, _ in (AB_TECHNIQUES if args.ab else TECHNIQUES)}
+    args.only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    if args.only and set(args.only) - names:
+        parser.error(f"--only: unknown {', '.join(sorted(set(args.only) - names))}; known: {', '.join(sorted(names))}")
     if args.rounds is None:
-        args.rounds = 2 if args.cpu else 5
+        args.rounds = "auto" if args.ab else (2 if args.cpu else 5)
     if args.warmup is None:
         args.warmup = 1 if args.cpu else 2
     return args
@@ -404,11 +468,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         (workdir / "pytest.ini").write_text("[pytest]\n")  # this folder is the rootdir: no outside ini applies
         test_file = workdir / "test_device_check.py"
-        test_file.write_text(test_source(model_dir, dtype, new_tokens))
-        report_path = out / "device-report.json"
+        techniques = [t for t in (AB_TECHNIQUES if args.ab else TECHNIQUES) if not args.only or t[0] in args.only]
+        test_file.write_text(test_source(model_dir, dtype, new_tokens, techniques))
+        stem = "device-ab" if args.ab else "device-check"
+        report_path = out / f"{stem}-report.json" if args.ab else out / "device-report.json"
         report_path.unlink(missing_ok=True)
-        code, timed_out, seconds = run_pytest(test_file, report_path, out / "device-check.log", device,
-                                              args.rounds, args.warmup, timeout)
+        code, timed_out, seconds = run_pytest(test_file, report_path, out / f"{stem}.log", device, args.rounds,
+                                              args.warmup, timeout, write_ab_wrapper(workdir) if args.ab else None)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -418,9 +484,11 @@ def main(argv: list[str] | None = None) -> int:
             report = json.loads(report_path.read_text())
         except ValueError as exc:
             log(f"the JSON report is unreadable: {exc}")
-    rows, notes = table(report, interrupted=timed_out)
-    heading = (f"device check ({'cpu smoke test, tiny Qwen3' if args.cpu else 'Qwen3-0.6B shape, random weights'}, "
-               f"{dtype}, {new_tokens} new tokens, {args.rounds} rounds)")
+    rows, notes = ab_table(report, args.only) if args.ab else table(report, interrupted=timed_out, only=args.only)
+    heading = (f"device {'A/B null' if args.ab else 'check'} "
+               f"({'cpu smoke test, tiny Qwen3' if args.cpu else 'Qwen3-0.6B shape, random weights'}, "
+               f"{dtype}, {new_tokens} new tokens, {args.rounds} rounds"
+               + (f"; reference: this Python behind a wrapper, --opt-ab-fail={AB_FAIL})" if args.ab else ")"))
     lines = ["", heading, environment_line(report), ""] + render(rows)
     if notes:
         lines += ["", "notes:"] + [textwrap.fill(n, 150, initial_indent="  ", subsequent_indent="    ") for n in notes]
@@ -429,12 +497,11 @@ def main(argv: list[str] | None = None) -> int:
         ("timed out" if timed_out else f"did not complete (pytest exit code {code})")
     lines += ["", f"pytest {status} in {seconds:.0f} s (script {time.perf_counter() - started:.0f} s): "
                   + ", ".join(f"{v} {k}" for k, v in summary.items()) if summary else f"pytest {status}",
-              f"files: {report_path if report else '(no JSON report)'}, {out / 'device-check.log'}, "
-              f"{out / 'device-check.md'}"]
+              f"files: {report_path if report else '(no JSON report)'}, {out / f'{stem}.log'}, {out / f'{stem}.md'}"]
     print("\n".join(lines), flush=True)
-    (out / "device-check.md").write_text(markdown(rows, notes, heading))
+    (out / f"{stem}.md").write_text(markdown(rows, notes, heading))
     if report is None:
-        tail = (out / "device-check.log").read_text(errors="replace").splitlines()[-40:]
+        tail = (out / f"{stem}.log").read_text(errors="replace").splitlines()[-40:]
         print("\nlast lines of the pytest log:\n" + "\n".join(tail), flush=True)
     return 0 if status == "completed" else 1
 
