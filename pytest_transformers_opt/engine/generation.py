@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from ..compat import continuous_batching_manager
 from . import quiet_logs  # noqa: F401  (its log filters hold wherever a run happens: A/B and TP workers too)
-from .measure import RoundTiming, now
+from .measure import RoundTiming, call_with_stack_headroom, now
 from .progress import long_work
 from .repeated_messages import said_once
 from ..techniques import RunEvidence
@@ -173,10 +173,7 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
                     if first_call_work and not tokens else contextlib.nullcontext())
         # said_once: a message repeated on every step (bitsandbytes' 8-bit cast) is shown once per session
         with announce, said_once(), torch.inference_mode(), _observers(opt, evidence if observe else None):
-            start = now(device)
-            with _around_generate(opt):
-                output = model.generate(**encoded, **kwargs)
-            end = now(device)
+            output, start, end = call_with_stack_headroom(_timed_generate, opt, encoded, kwargs)
         latencies.append(end - start)
         if timer.first_token_at is not None:
             ttfts.append(timer.first_token_at - start)
@@ -196,11 +193,27 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
                          evidence=evidence)
 
 
+def _timed_generate(opt: "OptModel", encoded: Any, kwargs: dict[str, Any]) -> tuple[Any, float, float]:
+    """``generate`` between two clock reads (called through ``call_with_stack_headroom``)."""
+    start = now(opt.device)
+    with _around_generate(opt):
+        output = opt.model.generate(**encoded, **kwargs)
+    return output, start, now(opt.device)
+
+
 def generated_cache(output: Any) -> Any:
     """The cache a ``generate`` output holds: its field is ``cache`` since transformers 5.2x (reading the old
     name ``past_key_values`` there logs a deprecation message), ``past_key_values`` before."""
     name = "cache" if "cache" in getattr(output, "__dataclass_fields__", {}) else "past_key_values"
     return getattr(output, name, None)
+
+
+def _timed_generate_batch(opt: "OptModel", kwargs: dict[str, Any]) -> tuple[Any, float, float]:
+    """``generate_batch`` between two clock reads, ``_around_generate`` inside them as in ``_timed_generate``."""
+    start = now(opt.device)
+    with _around_generate(opt):
+        outputs = opt.model.generate_batch(**kwargs)
+    return outputs, start, now(opt.device)
 
 
 def _paged_cache_bytes(model: Any) -> int | None:
@@ -231,13 +244,10 @@ def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens
     # a manager left by an interrupted run would be reused, sized for its own workload
     model.destroy_cached_continuous_batching_manager()
     try:
-        start = now(device)
-        with _around_generate(opt):  # inside the clock, as in run_generation
-            # persistent: the manager outlives the call, so its cache's bytes can be read (then freed below)
-            outputs = model.generate_batch(inputs=inputs, generation_config=config,
-                                           continuous_batching_config=cb_config, record_timestamps=True,
-                                           progress_bar=False, persistent_manager=True)
-        end = now(device)
+        # persistent: the manager outlives the call, so its cache's bytes can be read (then freed below)
+        outputs, start, end = call_with_stack_headroom(_timed_generate_batch, opt, dict(
+            inputs=inputs, generation_config=config, continuous_batching_config=cb_config, record_timestamps=True,
+            progress_bar=False, persistent_manager=True))
         cache_bytes = _paged_cache_bytes(model)
     finally:
         manager = continuous_batching_manager(model)

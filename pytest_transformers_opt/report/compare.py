@@ -36,6 +36,7 @@ from ..errors import OptConfigError
 from ..units import finite_number, format_bytes, format_duration, format_ratio, shown
 from ..verdict.stats import (SIGNIFICANCE, mann_whitney_greater, min_p_value, min_signed_rank_p_value,
                               wilcoxon_signed_rank_greater)
+from ..verdict.budgets import memory_slack_bytes
 from .schema import load_report, read_notes
 
 
@@ -483,13 +484,20 @@ def judge_threshold(threshold: Threshold, old_entry: dict[str, Any], new_entry: 
     amount = worsening(metric, old, new, threshold.relative)
     worse, better = beyond_limit(amount, threshold.limit), beyond_limit(-amount, threshold.limit)
     rule = _rule(threshold, old_entry, new_entry, old, new, sides) if METRICS[metric].timed else None
+    slack_note = None
     if rule is not None and rule.name in SAMPLE_RULES:  # the medians must move past the limit, and significantly
         significant_worse, significant_better = rule.p_worse < SIGNIFICANCE, rule.p_better < SIGNIFICANCE
+    elif metric == "peak_memory":  # one reading a side: a change counts past the memory budgets' measurement slack
+        slack = memory_slack_bytes(old)
+        significant_worse = significant_better = abs(new - old) > slack
+        if (worse or better) and not significant_worse:
+            slack_note = f"within the {format_bytes(slack)} measurement slack"
     else:
         significant_worse = significant_better = True
     verdict = ("regressed" if worse and significant_worse else "improved" if better and significant_better else "ok")
     change = change_text(metric, old, new) if threshold.relative else signed_text(metric, new - old)
-    detail = f"{metric} {fmt(old)} -> {fmt(new)} ({change}, limit {limit_text(threshold)})"
+    detail = f"{metric} {fmt(old)} -> {fmt(new)} ({change}, limit {limit_text(threshold)}" + \
+        (f"; {slack_note}" if slack_note else "") + ")"
     record = None
     if rule is not None:
         ratio = new / old if old != 0 else None

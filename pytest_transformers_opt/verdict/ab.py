@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import OptConfigError
 from ..units import finite_number, format_bytes
-from .budgets import MEMORY_SLACK_BYTES, MEMORY_SLACK_FRACTION
+from .budgets import memory_slack_bytes
 from .results import FASTER, LARGER, NO_DIFFERENCE, SLOWER, SMALLER
 from .stats import MIN_BOOTSTRAP_SAMPLES, SIGNIFICANCE, mann_whitney_greater, median_ratio_interval
 
@@ -92,7 +92,7 @@ def figure(metric: str, candidate: Mapping[str, Any], reference: Mapping[str, An
                               "change_pct": 100.0 * (cand - ref) / abs(ref) if ref else None,
                               "interval_pct": None, "p_value": None, "word": None, "note": None}
     if metric == "peak_memory":  # read once per side: no spread to bound, the memory budgets' slack instead
-        slack = max(MEMORY_SLACK_BYTES, MEMORY_SLACK_FRACTION * ref)
+        slack = memory_slack_bytes(ref)
         record["word"] = LARGER if cand - ref > slack else SMALLER if ref - cand > slack else NO_DIFFERENCE
         record["note"] = (f"peak memory is read once per side; the word allows {format_bytes(slack)} of "
                           f"measurement slack, as the memory budgets do")

@@ -96,6 +96,12 @@ SPEED_BUDGETS = ("max_ttft", "max_tpot", "max_latency", "min_throughput", "min_s
 # Peak memory readings move by allocator granularity between identical runs.
 MEMORY_SLACK_BYTES = 2**20
 MEMORY_SLACK_FRACTION = 0.01
+
+
+def memory_slack_bytes(reference_bytes: float) -> float:
+    """How far one peak-memory reading may move from another before it is a change: 1 MiB, or 1% of the
+    reference figure where that is more (allocator rounding, what the host's runtime allocates meanwhile)."""
+    return max(MEMORY_SLACK_BYTES, MEMORY_SLACK_FRACTION * reference_bytes)
 BORDERLINE = "below the limit but within noise"
 MEDIANS_ONLY = "median ratio only"  # a min_speedup judged without a significance test (too few rounds)
 BUDGET_MODES = ("enforce", "warn", "off")
@@ -224,7 +230,7 @@ def _memory_within_slack(result: "OptResult", budget: Budget, measured: float) -
     else:
         base = result.baseline.peak_memory_bytes or 0
         limit_bytes, over = budget.limit * base, (measured - budget.limit) * base
-    slack = max(MEMORY_SLACK_BYTES, MEMORY_SLACK_FRACTION * limit_bytes)
+    slack = memory_slack_bytes(limit_bytes)
     if over <= slack:
         return True, f"over by {format_bytes(over)}, within the {format_bytes(slack)} measurement slack"
     return False, None

@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .budgets import MEMORY_SLACK_BYTES, MEMORY_SLACK_FRACTION, BudgetCheck
+from .budgets import BudgetCheck, memory_slack_bytes
 from .sequential import RoundsRule
 from .similarity import Similarity
 from ..units import format_bytes
@@ -201,7 +201,7 @@ class OptResult:
         self.memory_ratio_interval = self.memory_ratio_verdict = self.memory_ratio_interval_note = None
         base_bytes, opt_bytes = self.baseline.peak_memory_bytes, self.optimized.peak_memory_bytes
         if self.memory_ratio is not None and base_bytes is not None and opt_bytes is not None:
-            slack = max(MEMORY_SLACK_BYTES, MEMORY_SLACK_FRACTION * base_bytes)
+            slack = memory_slack_bytes(base_bytes)
             difference = opt_bytes - base_bytes
             self.memory_ratio_verdict = SMALLER if difference < -slack else LARGER if difference > slack \
                 else NO_DIFFERENCE

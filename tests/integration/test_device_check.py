@@ -86,3 +86,50 @@ def test_the_pytest_child_as_composed_here_has_the_plugin_once(device_check, tmp
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--opt-report-json" in done.stdout
+
+
+def test_ab_mode_runs_the_three_techniques_against_this_python_behind_a_wrapper(device_check, tmp_path):
+    """``--ab``: the child gets --opt-ab (a wrapper that execs this interpreter) and --opt-ab-fail; the
+    wrapper is a working interpreter; --only picks techniques by test name and refuses an unknown one."""
+    import subprocess
+    import sys
+
+    wrapper = device_check.write_ab_wrapper(tmp_path)
+    done = subprocess.run([str(wrapper), "-c", "import sys; print(sys.executable)"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == sys.executable
+    command, _ = device_check.pytest_command(tmp_path / "test_x.py", tmp_path / "r.json", "cuda", "auto", 2, wrapper)
+    assert f"--opt-ab={wrapper}" in command and f"--opt-ab-fail={device_check.AB_FAIL}" in command
+    assert "--opt-rounds=auto" in command
+    plain, _ = device_check.pytest_command(tmp_path / "test_x.py", tmp_path / "r.json", "cuda", 5, 2)
+    assert not [a for a in plain if a.startswith("--opt-ab")]
+    args = device_check.parse_args(["--ab", "--only", "sdpa, compile"])
+    assert args.only == ["sdpa", "compile"] and args.rounds == "auto"
+    source = device_check.test_source(tmp_path, "float32", 8, [t for t in device_check.AB_TECHNIQUES
+                                                               if t[0] in args.only])
+    assert "def test_sdpa(" in source and "def test_compile(" in source and "def test_static_cache(" not in source
+    with pytest.raises(SystemExit):
+        device_check.parse_args(["--ab", "--only", "bnb_4bit"])  # not one of --ab's techniques
+
+
+def test_ab_table_shows_each_figures_change_and_interval_and_the_verdict(device_check):
+    figure = {"candidate": 0.85, "reference": 0.81, "change_pct": 4.8, "interval_pct": [-11.5, 14.0], "p_value": 0.75,
+              "word": "no significant difference", "note": None}
+    report = {"tests": [
+        {"nodeid": "t.py::test_sdpa", "outcome": "passed", "error": None,
+         "ab": {"verdict": "ok", "optimized": {"latency_samples_s": [0.8] * 10},
+                "figures": {"latency": figure, "peak_memory": {**figure, "change_pct": -0.01, "interval_pct": None}}}},
+        {"nodeid": "t.py::test_static_cache", "outcome": "error", "error": "worker died\n--opt-ab: the worker died",
+         "ab": None},
+    ]}
+    rows, notes = device_check.ab_table(report)
+    body = {row[0]: row for row in rows[1:]}
+    assert list(body) == [name for name, _ in device_check.AB_TECHNIQUES]
+    assert body["sdpa"][:4] == ["sdpa", "passed", "ok", "10"]
+    assert body["sdpa"][4] == "+4.8% [-11.5, +14.0] no significant difference"  # latency
+    assert body["sdpa"][5:7] == ["-", "-"]  # ttft, tpot: not in this record
+    assert body["sdpa"][7] == "-0.0% no significant difference"  # peak memory: one reading, no interval
+    assert body["static_cache"][1:4] == ["error", "-", "-"]
+    assert notes == ["static_cache: worker died --opt-ab: the worker died"]
+    assert body["compile"][1] == "not run (time limit or crash)"
+    assert [r[0] for r in device_check.ab_table(report, only=["sdpa"])[0][1:]] == ["sdpa"]

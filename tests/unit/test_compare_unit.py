@@ -232,6 +232,21 @@ def test_regression_beats_improvement() -> None:
     assert any(d.startswith("peak_memory 1.00 GiB -> 2.00 GiB (+100.0%") for d in result["details"])
 
 
+@pytest.mark.parametrize("old, new, verdict", [
+    (2_600_000, 2_740_000, "ok"),  # +5.4% of a tiny model's peak: 137 KB, inside the 1 MiB slack
+    (2_600_000, 4_000_000, "regressed"),  # +1.3 MB: past the slack and the limit
+    (2_600_000, 1_400_000, "improved"),  # -1.2 MB: past both the other way
+    (2 * 2**30, int(2 * 2**30 * 1.009), "ok"),  # +0.9% of 2 GiB: past 1 MiB, inside 1% of the reading
+])
+def test_peak_memory_counts_a_change_only_past_the_measurement_slack(old: int, new: int, verdict: str) -> None:
+    """Peak memory is read once a side: a change smaller than the memory budgets' measurement slack (1 MiB,
+    or 1% of the earlier reading) is not a regression or an improvement, whatever the percentage."""
+    result = one(make_test(T, peak_memory_bytes=old), make_test(T, peak_memory_bytes=new), "peak_memory:0.5%")
+    assert result["verdict"] == verdict
+    detail = next(d for d in result["details"] if d.startswith("peak_memory"))
+    assert ("measurement slack" in detail) == (verdict == "ok")
+
+
 def test_no_threshold_never_regresses_but_is_listed() -> None:
     new = make_test(T, latency_s=1.0, peak_memory_bytes=4 * 2**30, kl_mean=0.5)
     result = compare_reports(make_report(make_test(T)), make_report(new), [])[T]
