@@ -173,7 +173,7 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
                     if first_call_work and not tokens else contextlib.nullcontext())
         # said_once: a message repeated on every step (bitsandbytes' 8-bit cast) is shown once per session
         with announce, said_once(), torch.inference_mode(), _observers(opt, evidence if observe else None):
-            output, start, end = call_with_stack_headroom(_timed_generate, opt, encoded, kwargs)
+            output, start, end = call_with_stack_headroom(_timed, opt, model.generate, {**encoded, **kwargs})
         latencies.append(end - start)
         if timer.first_token_at is not None:
             ttfts.append(timer.first_token_at - start)
@@ -193,11 +193,12 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
                          evidence=evidence)
 
 
-def _timed_generate(opt: "OptModel", encoded: Any, kwargs: dict[str, Any]) -> tuple[Any, float, float]:
-    """``generate`` between two clock reads (called through ``call_with_stack_headroom``)."""
+def _timed(opt: "OptModel", call: Any, kwargs: dict[str, Any]) -> tuple[Any, float, float]:
+    """``call(**kwargs)`` (the model's ``generate`` or ``generate_batch``) inside ``_around_generate``, between two
+    clock reads; called through ``call_with_stack_headroom``."""
     start = now(opt.device)
     with _around_generate(opt):
-        output = opt.model.generate(**encoded, **kwargs)
+        output = call(**kwargs)
     return output, start, now(opt.device)
 
 
@@ -206,14 +207,6 @@ def generated_cache(output: Any) -> Any:
     name ``past_key_values`` there logs a deprecation message), ``past_key_values`` before."""
     name = "cache" if "cache" in getattr(output, "__dataclass_fields__", {}) else "past_key_values"
     return getattr(output, name, None)
-
-
-def _timed_generate_batch(opt: "OptModel", kwargs: dict[str, Any]) -> tuple[Any, float, float]:
-    """``generate_batch`` between two clock reads, ``_around_generate`` inside them as in ``_timed_generate``."""
-    start = now(opt.device)
-    with _around_generate(opt):
-        outputs = opt.model.generate_batch(**kwargs)
-    return outputs, start, now(opt.device)
 
 
 def _paged_cache_bytes(model: Any) -> int | None:
@@ -245,7 +238,7 @@ def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens
     model.destroy_cached_continuous_batching_manager()
     try:
         # persistent: the manager outlives the call, so its cache's bytes can be read (then freed below)
-        outputs, start, end = call_with_stack_headroom(_timed_generate_batch, opt, dict(
+        outputs, start, end = call_with_stack_headroom(_timed, opt, model.generate_batch, dict(
             inputs=inputs, generation_config=config, continuous_batching_config=cb_config, record_timestamps=True,
             progress_bar=False, persistent_manager=True))
         cache_bytes = _paged_cache_bytes(model)
