@@ -472,6 +472,7 @@ def run_pair(*, reference: str, runs: int, model: str, techniques: Sequence[str]
 
 # --------------------------------------------------------------------------- cost: wall time with and without --opt-ab
 
+WHOLE_SESSION = "(the whole session, process start to exit)"
 _DURATION = re.compile(r"^\s*([0-9.]+)s (setup|call|teardown)\s+\S+::(\w+)", re.MULTILINE)
 
 
@@ -498,9 +499,12 @@ def run_cost(*, runs: int, model: str, techniques: Sequence[str], max_new_tokens
                            "ignore", "--opt-budgets=off", "--durations=0", "--durations-min=0", *extra_args, TEST_FILE]
                 if kind == "with":
                     command.insert(-1, f"--opt-ab={same}")
+                started = time.monotonic()
                 done = subprocess.run(command, cwd=root, check=False, env=session_env(None), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True)
                 seconds = seconds_per_test(done.stdout)
+                # what no test's durations hold: the imports before the first test, the worker's launch, the reports
+                seconds[WHOLE_SESSION] = time.monotonic() - started
                 results.append((kind, seconds))
                 print(f"[{len(results)}/{2 * runs}] {kind} --opt-ab: exit {done.returncode}, "
                       + ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()), file=sys.stderr, flush=True)

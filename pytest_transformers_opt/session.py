@@ -226,6 +226,9 @@ class OptSession:
         from .engine.heavy_imports import import_stack
         from .engine.progress import long_work
 
+        if self.settings.ab and self._reference_worker is None and self._reference_unusable is None and \
+                any("opt_bench" in getattr(item, "fixturenames", ()) for item in session.items):
+            self.launch_reference_worker()  # it imports its stack while this process imports its own
         with long_work("importing torch and transformers", detail="once per session, before the first test",
                        after_s=WARM_UP_ANNOUNCE_AFTER_S):
             try:
@@ -398,29 +401,53 @@ class OptSession:
 
     # -- the reference environment (--opt-ab) ---------------------------------------------------------
     def reference_worker(self) -> Any:
-        """The reference environment's worker (``engine.ab_client.ReferenceWorker``): started on first use,
-        again after one died. A reference that cannot be used fails each A/B test with the same line (found
-        once: a missing interpreter is not tried again for every test)."""
-        from .engine.ab_client import ReferenceUnavailable, ReferenceWorker
+        """The reference environment's worker (``engine.ab_client.ReferenceWorker``): launched before the first
+        test (``launch_reference_worker``) or on first use, again after one died; waited for here until it is
+        ready. A reference that cannot be used fails each A/B test with the same line (found once: a missing
+        interpreter is not tried again for every test)."""
+        from .engine.ab_client import ReferenceUnavailable
         from .engine.progress import long_work
 
         python = self.settings.ab
         assert python is not None
         if self._reference_unusable is not None:
             pytest.fail(self._reference_unusable, pytrace=False)
-        if self._reference_worker is not None and not self._reference_worker.alive():
+        if self._reference_worker is not None and self._reference_worker.ready and not self._reference_worker.alive():
             self.forget_reference_worker()
         if self._reference_worker is None:
-            import torch
-
+            self.launch_reference_worker()
+        worker = self._reference_worker
+        if worker is None:  # the launch failed: said once, in every A/B test
+            assert self._reference_unusable is not None
+            pytest.fail(self._reference_unusable, pytrace=False)
+        if not worker.ready:
             try:
+                # after_s: a worker launched before the first test is usually ready by now, and says nothing
                 with long_work(f"starting the reference environment {python} (--opt-ab)",
-                               detail="once per session: it imports its torch and transformers"):
-                    self._reference_worker = ReferenceWorker.start(python, threads=torch.get_num_threads())
+                               detail="once per session: it imports its torch and transformers",
+                               after_s=WARM_UP_ANNOUNCE_AFTER_S):
+                    worker.wait_ready()
             except ReferenceUnavailable as exc:
+                self._reference_worker = None  # wait_ready closed it
                 self._reference_unusable = f"--opt-ab: the reference environment cannot be used: {exc.reason}"
                 pytest.fail(self._reference_unusable, pytrace=False)
-        return self._reference_worker
+        return worker
+
+    def launch_reference_worker(self) -> None:
+        """Start the reference worker's process without waiting for it: before the first test, its torch and
+        transformers import while this process imports its own (2 cores: about one import's time saved per
+        session). Call from the main thread (the worker dies with the thread that started it)."""
+        from .engine.ab_client import ReferenceUnavailable, ReferenceWorker
+        from .engine.cpu_threads import threads_for_this_process, usable_cores, xdist_workers
+
+        assert self.settings.ab is not None
+        # this process's CPU thread count, worked out as engine.cpu_threads sets it (torch need not be imported);
+        # on CUDA both sides leave torch's own
+        threads = threads_for_this_process(self.settings.cpu_threads, usable_cores(), xdist_workers())
+        try:
+            self._reference_worker = ReferenceWorker.launch(self.settings.ab, threads=threads)
+        except ReferenceUnavailable as exc:
+            self._reference_unusable = f"--opt-ab: the reference environment cannot be used: {exc.reason}"
 
     def forget_reference_worker(self) -> None:
         """Stop (if still running) and drop the worker: the next A/B test starts a new one."""

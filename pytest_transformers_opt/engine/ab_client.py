@@ -1,6 +1,6 @@
 """The candidate's handle on an A/B reference environment: a worker process under another interpreter.
 
-``ReferenceWorker.start(python, threads=...)`` checks the interpreter, starts
+``ReferenceWorker.start(python, threads=...)`` (``launch`` then ``wait_ready``) checks the interpreter, starts
 ``python -u -m pytest_transformers_opt.engine.ab_worker`` (see that module for the protocol) with
 ``PYTHONPATH`` set to a folder holding only a link to this checkout's package, so the reference runs
 this measurement code on its own torch and transformers, and waits for the worker's ready line (its
@@ -154,6 +154,7 @@ class ReferenceWorker:
         self._pythonpath = pythonpath
         self._scratch: str | None = None  # the worker's own folder, removed here too when the worker was killed
         self._closed = False
+        self._ready = False
         self._lock = threading.Lock()  # one request at a time
         self._state_lock = threading.Lock()  # close() never waits for a request in flight
         self._responses: queue.Queue[bytes | None] = queue.Queue()
@@ -175,6 +176,14 @@ class ReferenceWorker:
 
         ``threads``: torch's CPU threads there (``PYTEST_OPT_CPU_THREADS``); None leaves the variable as
         this process has it (unset: the worker's share of the cores, as here)."""
+        worker = cls.launch(python, threads=threads)
+        worker.wait_ready(timeout_s)
+        return worker
+
+    @classmethod
+    def launch(cls, python: str, *, threads: int | None) -> "ReferenceWorker":
+        """Start the worker's process and return at once: it imports its torch and transformers while this
+        process goes on (``wait_ready`` before the first request)."""
         path = check_interpreter(python)
         pythonpath = tempfile.mkdtemp(prefix="opt-ab-path-")
         try:
@@ -189,13 +198,24 @@ class ReferenceWorker:
             shutil.rmtree(pythonpath, ignore_errors=True)
             raise ReferenceUnavailable(f"cannot start the reference interpreter {path}: "
                                        f"{type(exc).__name__}: {exc}") from exc
-        worker = cls(path, process, pythonpath)
+        return cls(path, process, pythonpath)
+
+    @property
+    def ready(self) -> bool:
+        """Its ready line was read (``wait_ready`` returned)."""
+        return self._ready
+
+    def wait_ready(self, timeout_s: float = 300) -> None:
+        """Wait (at most ``timeout_s``) for the worker's ready line; ``ReferenceUnavailable`` (the worker
+        killed) when it refused, ended or took too long. Returns at once once ready."""
+        if self._ready:
+            return
         try:
-            worker._wait_ready(timeout_s)
+            self._wait_ready(timeout_s)
         except BaseException:
-            worker.close(kill=True)  # one that is not ready by now is not waited for any longer
+            self.close(kill=True)  # one that is not ready by now is not waited for any longer
             raise
-        return worker
+        self._ready = True
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

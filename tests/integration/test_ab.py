@@ -212,6 +212,40 @@ def test_collect_only_starts_no_worker(pytester):
     assert not ran.exists()
 
 
+def test_the_worker_starts_before_the_first_test_and_only_in_a_session_that_benches(run_user, pytester):
+    """The worker's process is launched before the first test, so its torch import overlaps this process's
+    (the test's body sees the wrapper ran before it calls opt_bench); a session whose tests never call
+    opt_bench starts none."""
+    ran = pytester.path / "reference-ran"
+    reference = _wrapper(pytester.path / "reference-python", before=f"touch {ran}")
+    waits = f'''
+import pathlib, time
+
+def wait_for_the_worker():
+    ran = pathlib.Path({str(ran)!r})
+    deadline = time.monotonic() + 20
+    while not ran.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ran.exists(), "the reference worker was not launched before the first test"
+'''
+    run = run_user(waits + ONE_TEST.replace("    opt_bench(max_new_tokens=4)",
+                                            "    wait_for_the_worker()\n    opt_bench(max_new_tokens=4)"),
+                   "--opt-rounds=1", "--opt-warmup=0", f"--opt-ab={reference}")
+    run.result.assert_outcomes(passed=1)
+    assert _ab(run, "test_sdpa")["reference"]["python"] == reference
+    ran.unlink()
+    pytester.makepyfile(test_user='''
+import pytest
+
+@pytest.mark.optimization("sdpa")
+def test_plan_only(opt_plan):
+    assert opt_plan.declared == ["sdpa"]
+''')
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--opt-ab={reference}")
+    result.assert_outcomes(passed=1)
+    assert not ran.exists()
+
+
 def test_xdist_runs_one_reference_worker_per_xdist_worker_and_every_row_keeps_its_record(run_user, pytester):
     reference = _wrapper(pytester.path / "reference-python", before='echo "$$" >> "$(dirname "$0")/started"')
     # one round, no warm-up: what is checked is which worker ran and what each row kept, not a verdict
