@@ -429,8 +429,7 @@ class OptSession:
                     worker.wait_ready()
             except ReferenceUnavailable as exc:
                 self._reference_worker = None  # wait_ready closed it
-                self._reference_unusable = f"--opt-ab: the reference environment cannot be used: {exc.reason}"
-                pytest.fail(self._reference_unusable, pytrace=False)
+                pytest.fail(self._reference_cannot_be_used(exc), pytrace=False)
         return worker
 
     def launch_reference_worker(self) -> None:
@@ -447,7 +446,12 @@ class OptSession:
         try:
             self._reference_worker = ReferenceWorker.launch(self.settings.ab, threads=threads)
         except ReferenceUnavailable as exc:
-            self._reference_unusable = f"--opt-ab: the reference environment cannot be used: {exc.reason}"
+            self._reference_cannot_be_used(exc)
+
+    def _reference_cannot_be_used(self, exc: Any) -> str:
+        """Record (once per session) and return the line every A/B test fails with from now on."""
+        self._reference_unusable = f"--opt-ab: the reference environment cannot be used: {exc.reason}"
+        return self._reference_unusable
 
     def forget_reference_worker(self) -> None:
         """Stop (if still running) and drop the worker: the next A/B test starts a new one."""
