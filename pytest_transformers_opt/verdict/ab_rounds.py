@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .ab import FIGURES
-from .sequential import AB_MAX_ROUNDS, AB_MIN_PAIRS, AUTO_ROUNDS, BEYOND, WITHIN, RoundsDecision, RoundsRule, sprt
+from .sequential import (AB_MAX_ROUNDS, AB_MAX_SECONDS, AB_MIN_PAIRS, AUTO_ROUNDS, BEYOND, WITHIN, RoundsDecision,
+                         RoundsRule, sprt)
 
 if TYPE_CHECKING:
     from ..report.compare import Threshold
@@ -37,6 +38,12 @@ def ab_cap(rule: RoundsRule) -> int:
     return max(rule.maximum, AB_MAX_ROUNDS) if rule == AUTO_ROUNDS else rule.maximum
 
 
+def ab_time_cap(rule: RoundsRule) -> float | None:
+    """The seconds of timed rounds past which ``auto`` stops an open A/B verdict's rounds (once its own maximum
+    ran); None for any other MIN..MAX, whose MAX the user chose."""
+    return AB_MAX_SECONDS if rule == AUTO_ROUNDS else None
+
+
 def ab_thresholds_to_settle(thresholds: Sequence["Threshold"]) -> list["Threshold"]:
     """The ``--opt-ab-fail`` thresholds more rounds can settle: a relative limit above 0 on a figure every
     round measures (latency, TTFT, TPOT, throughput). Memory and similarity are measured once; an absolute
@@ -56,8 +63,10 @@ def _ab_directions(threshold: "Threshold", reference: list[float], candidate: li
 
 
 def ab_keep_going(decision: RoundsDecision, thresholds: Sequence["Threshold"], candidate: dict[str, Any],
-                  reference: dict[str, Any], gate_so_far: GateSoFar) -> bool:
-    """After ``decision.rounds`` interleaved rounds: True while an ``--opt-ab-fail`` verdict on rounds is open.
+                  reference: dict[str, Any], gate_so_far: GateSoFar, elapsed_s: float = 0.0) -> bool:
+    """After ``decision.rounds`` interleaved rounds, ``elapsed_s`` seconds of them: True while an ``--opt-ab-fail``
+    verdict on rounds is open, up to the count cap (``decision.ab_max_rounds``) and, past the rule's own maximum,
+    the time cap (``decision.ab_max_seconds``).
 
     ``candidate`` and ``reference`` are the two sides as the report holds them (``{"optimized": {...}}``).
     A threshold (``ab_thresholds_to_settle``) is settled when the gate's own rule (``gate_so_far``, ``report.ab``'s:
@@ -97,4 +106,11 @@ def ab_keep_going(decision: RoundsDecision, thresholds: Sequence["Threshold"], c
         decision.ab[name] = f"{verdict} by the gate's rule; SPRT {sprt_says}"
         still_open.append(name)
     decision.ab_settled = not still_open
-    return bool(still_open) and decision.rounds < (decision.ab_max_rounds or 0)
+    if not still_open or decision.rounds >= (decision.ab_max_rounds or 0):
+        return False
+    assert decision.rule.maximum is not None
+    if decision.ab_max_seconds is not None and decision.rounds >= decision.rule.maximum \
+            and elapsed_s >= decision.ab_max_seconds:
+        decision.ab_stopped_by_time = True
+        return False
+    return True

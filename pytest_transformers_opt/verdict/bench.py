@@ -11,6 +11,7 @@ alternating which side goes first so neither always runs on a warmer cache.
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -30,7 +31,7 @@ from ..engine.measure import PeakReading, Timings, load_transient_note, track_pe
 from ..engine.progress import Work, long_work
 from .reference_side import AlternatingBlocks, ReferenceSide, ab_mode, oversubscribed_note
 from .results import DEFAULT_PROMPTS, OptResult, SideMetrics, Workload, model_arguments, report_model_identity
-from .ab_rounds import ab_cap, ab_keep_going, ab_thresholds_to_settle
+from .ab_rounds import ab_cap, ab_keep_going, ab_thresholds_to_settle, ab_time_cap
 from .sequential import MAX_WARMUP, RoundsDecision, keep_going, parse_rounds
 from .similarity import compare_runs, diverged, forced_run_note
 from ..units import parse_non_negative_int, shown
@@ -466,6 +467,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
     ab_gate = ab_thresholds_to_settle(session.settings.ab_thresholds) if ab is not None and rule.sequential else []
     if ab_gate:
         decision.ab_max_rounds = ab_cap(rule)
+        decision.ab_max_seconds = ab_time_cap(rule)
 
     def sequential_rounds() -> OptResult:
         """Rounds one at a time until every speed budget and A/B verdict is settled (verdict.sequential and
@@ -475,6 +477,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         minimum = rule.minimum if open_ended else rule.report_minimum()
         cap = max(rule.maximum, decision.ab_max_rounds or 0) if open_ended else minimum
         graphs_before = compiled_graph_count()
+        started = time.monotonic()  # auto's time cap on an open A/B verdict counts the rounds' wall time
         for index in range(cap):
             timed_round(index, f"{minimum}..{cap}" if open_ended else str(minimum))
             decision.rounds = index + 1
@@ -492,7 +495,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
             if ab_gate:
                 assert interim.ab is not None  # the reference took a turn in every round
                 ab_open = ab_keep_going(decision, ab_gate, {"optimized": interim.optimized.to_dict()}, interim.ab,
-                                        session.ab_gate_so_far)
+                                        session.ab_gate_so_far, elapsed_s=time.monotonic() - started)
             if not (budgets_open or ab_open):
                 break
         recompiles.append(compiled_graph_count() - graphs_before)

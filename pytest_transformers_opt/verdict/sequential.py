@@ -74,11 +74,17 @@ AUTO_ROUNDS = RoundsRule(SEQUENTIAL_MIN_ROUNDS, SEQUENTIAL_MAX_ROUNDS)
 # 2-core CPU's paired spread (0.19 on log time) takes ~55 pairs on average; of 200 simulated 10% slowdowns a
 # cap of 100 left 15% open and found 84%, 200 left 1.5% open and found 96% (benchmarks/ab_rounds_sim.py)
 AB_MAX_ROUNDS = 200
+# ... and within this many seconds of a test's timed rounds (every side's, wall time): past auto's own 10 rounds an
+# open A/B verdict stops here and is judged on what ran. A GPU test of 3 s a round would otherwise take 10 minutes to
+# reach 200 (one did not finish in 255 s on the H200); the slowest study case here, smollm2-135m on 2 cores at 5 s a
+# round, settled in 50 rounds (250 s). MIN..MAX has no time cap: its MAX is the user's.
+AB_MAX_SECONDS = 300.0
 # the fewest pairs on which the A/B's signed-rank rule can reach significance, and so judges pairs (5)
 AB_MIN_PAIRS = next(n for n in range(1, MAX_ROUNDS) if min_signed_rank_p_value(n) < SIGNIFICANCE)
 MAX_WARMUP = 100  # warm-up rounds per side
 ROUNDS_FORMS = (f"N (a fixed count, 1 to {MAX_ROUNDS}), MIN..MAX (sequential) or auto "
-                f"({SEQUENTIAL_MIN_ROUNDS}..{SEQUENTIAL_MAX_ROUNDS}; to {AB_MAX_ROUNDS} while an --opt-ab-fail verdict is open)")
+                f"({SEQUENTIAL_MIN_ROUNDS}..{SEQUENTIAL_MAX_ROUNDS}; to {AB_MAX_ROUNDS} while an --opt-ab-fail verdict is open, "
+                f"within {AB_MAX_SECONDS:g} s of a test's timed rounds)")
 
 
 def parse_rounds(value: object, where: str = "rounds") -> RoundsRule:
@@ -183,6 +189,8 @@ class RoundsDecision:
     ab: dict[str, str] = field(default_factory=dict)  # --opt-ab-fail threshold on rounds -> how its verdict was reached
     ab_settled: bool = True
     ab_max_rounds: int | None = None  # the cap while an A/B verdict is open (``ab_cap``); None: no A/B gate on rounds
+    ab_max_seconds: float | None = None  # auto's time cap on those rounds (``ab_time_cap``); None: the count alone
+    ab_stopped_by_time: bool = False  # an A/B verdict was still open when the time cap stopped the rounds
     doubted: bool = False  # too noisy to settle, and the rule failed a budget at the report's minimum or later
     # speed budgets the rule fails where no look could have settled a failure (fewer than MIN_FAIL_ROUNDS
     # rounds, or the medians alone): never a verdict by itself, they are measured again (``unsettled_failures``)
@@ -192,7 +200,8 @@ class RoundsDecision:
     def to_dict(self) -> dict[str, Any]:
         ab = None
         if self.ab_max_rounds is not None:
-            ab = {"max_rounds": self.ab_max_rounds, "settled": self.ab_settled, "thresholds": dict(self.ab)}
+            ab = {"max_rounds": self.ab_max_rounds, "max_seconds": self.ab_max_seconds,
+                  "stopped_by_time": self.ab_stopped_by_time, "settled": self.ab_settled, "thresholds": dict(self.ab)}
         return {"rule": "sequential", "min_rounds": self.rule.minimum, "max_rounds": self.rule.maximum,
                 "rounds": self.rounds, "settled": self.settled, "margin": SLOWDOWN_MARGIN,
                 "false_alarm_rate": FALSE_ALARM_RATE, "miss_rate": MISS_RATE, "budgets": dict(self.budgets),
@@ -223,7 +232,9 @@ class RoundsDecision:
         how = _answers(self.ab)
         if self.ab_settled:
             return f"every --opt-ab-fail verdict on rounds settled after {self.rounds} rounds ({how})"
-        return (f"an --opt-ab-fail verdict was still open after {self.rounds} rounds (the cap), judged by the gate's "
+        cap = (f"the time cap: {self.ab_max_seconds:g} s of timed rounds, for auto" if self.ab_stopped_by_time
+               else "the cap")
+        return (f"an --opt-ab-fail verdict was still open after {self.rounds} rounds ({cap}), judged by the gate's "
                 f"rule there ({how})")
 
 

@@ -78,7 +78,8 @@ def _assert_settled(run: Any, how: str) -> None:
     row = run.test("test_sleepy")
     decision = row["rounds_decision"]
     # peak memory is read once, so it holds no rounds open
-    assert decision["ab"] == {"max_rounds": 200, "settled": True, "thresholds": {"latency:20%": how}}
+    assert decision["ab"] == {"max_rounds": 200, "max_seconds": 300.0, "stopped_by_time": False, "settled": True,
+                              "thresholds": {"latency:20%": how}}
     rounds = decision["rounds"]
     assert 5 <= rounds < 200 and row["optimized"]["rounds"] == row["ab"]["optimized"]["rounds"] == rounds
     assert (f"sequential rounds: every --opt-ab-fail verdict on rounds settled after {rounds} rounds "
@@ -144,6 +145,28 @@ def test_a_slowed_reference_makes_the_candidate_improved(run_user, pytester):
     run.result.stdout.fnmatch_lines(["*test_sleepy: sequential rounds: every --opt-ab-fail verdict on rounds settled*",
                                      "*3 to 10 (sequential: until the speed budgets are settled; a test's note says "
                                      "where an --opt-ab-fail verdict took it further)*"])
+
+
+def test_auto_rounds_of_an_open_verdict_stop_at_the_time_cap_and_say_so(run_user, pytester, monkeypatch):
+    """Rounds so noisy that no verdict settles (each side's forward pause 12 or 30 ms at random): auto would run
+    200; with its time cap at 2 s it stops after its own 10 rounds, once they have run 2 s, and the gate judges
+    what ran."""
+    from pytest_transformers_opt.verdict import ab_rounds
+
+    monkeypatch.setattr(ab_rounds, "AB_MAX_SECONDS", 2.0)
+    reference = _wrapper(pytester.path / "reference-python")
+    noisy = sleepy_conftest(prelude="import random\n", pause="random.choice((0.012, 0.03))")
+    run = run_user(SLEEPY_TEST, "--opt-rounds=auto", f"--opt-ab={reference}", "--opt-ab-fail=latency:5%",
+                   conftest=noisy)
+    run.result.assert_outcomes(passed=1)
+    row = run.test("test_sleepy")
+    decision = row["rounds_decision"]
+    assert decision["ab"]["max_seconds"] == 2.0 and decision["ab"]["stopped_by_time"] is True, decision
+    assert decision["ab"]["settled"] is False and 10 <= decision["rounds"] < 200, decision
+    assert row["ab"]["optimized"]["rounds"] == decision["rounds"]
+    assert row["ab"]["verdict"] in ("ok", "regressed", "improved")  # judged on what ran, by the gate's rule
+    assert any(f"still open after {decision['rounds']} rounds (the time cap: 2 s of timed rounds, for auto)" in note
+               for note in row["notes"]), row["notes"]
 
 
 def test_a_reference_that_does_not_exist_fails_each_ab_test_in_one_line_and_the_report_is_written(run_user, pytester):
@@ -299,6 +322,40 @@ def test_ctrl_c_mid_ab_leaves_no_worker_behind(pytester):
     while _worker_pids() & pids and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _worker_pids() & pids
+
+
+def test_ctrl_c_before_the_early_launched_worker_is_ready_leaves_no_worker_behind(pytester):
+    """The worker is launched before the first test and imports its stack while this process imports its own: a
+    Ctrl-C in that window (the worker not yet ready: here its start-up hangs, as a slow import on a busy machine
+    would) ends pytest, and the worker with it."""
+    import signal
+    import subprocess
+
+    hang = pytester.path / "hang"
+    hang.mkdir()
+    # the reference's interpreter only (the wrapper puts this folder on its path): it never gets to be ready
+    (hang / "sitecustomize.py").write_text("import time\ntime.sleep(300)\n")
+    reference = _wrapper(pytester.path / "reference-python", pythonpath=hang,
+                         before='echo "$$" >> "$(dirname "$0")/started"')
+    pytester.makepyfile(test_user=ONE_TEST)
+    env = {**os.environ, "PYTEST_ADDOPTS": "-p no:randomly -p no:asyncio"}
+    process = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--opt-ab={reference}"],
+                               cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    started = pytester.path / "started"
+    deadline = time.monotonic() + 120
+    while not started.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert started.exists(), process.communicate()[0].decode(errors="replace")[-3000:]
+    pid = int(started.read_text().split()[0])
+    time.sleep(1.0)  # inside the window: the worker hangs in its start-up, pytest imports or waits for it
+    assert pid in _worker_pids() and process.poll() is None
+    process.send_signal(signal.SIGINT)
+    output = process.communicate(timeout=120)[0].decode(errors="replace")
+    assert process.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
+    deadline = time.monotonic() + 10
+    while pid in _worker_pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pid not in _worker_pids(), f"the reference worker {pid} outlived the interrupted session"
 
 
 def test_blocks_mode_runs_the_environments_in_alternating_blocks_and_says_so(run_user, pytester):

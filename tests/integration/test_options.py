@@ -56,7 +56,7 @@ def _usage_error(pytester: pytest.Pytester, result: pytest.RunResult, *fragments
     ("--opt-rounds=0", ["argument --opt-rounds", "0 must be a whole number >= 1"]),
     ("--opt-rounds=x", ["argument --opt-rounds", "'x' must be a whole number >= 1",
                         "accepted: N (a fixed count, 1 to 1000), MIN..MAX (sequential) or auto (3..10; to 200 "
-                        "while an --opt-ab-fail verdict is open)"]),
+                        "while an --opt-ab-fail verdict is open, within 300 s of a test's timed rounds)"]),
     ("--opt-rounds=5..2", ["argument --opt-rounds", "(MAX of MIN..MAX): 2 must be a whole number >= 5"]),
     ("--opt-rounds=3..x", ["argument --opt-rounds", "'3..x' is not MIN..MAX; accepted: N (a fixed count"]),
     ("--opt-warmup=-1", ["argument --opt-warmup", "-1 must be a whole number >= 0"]),

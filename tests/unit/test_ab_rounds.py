@@ -12,8 +12,9 @@ from benchmark_scripts import load_script  # noqa: E402  (tests/ is on sys.path)
 
 from pytest_transformers_opt.report.compare import Threshold, parse_compare_fail
 from pytest_transformers_opt.session import OptSession
-from pytest_transformers_opt.verdict.ab_rounds import AB_MIN_CHANGE_PAIRS, ab_cap, ab_keep_going, ab_thresholds_to_settle
-from pytest_transformers_opt.verdict.sequential import (AB_MAX_ROUNDS, AB_MIN_PAIRS, AUTO_ROUNDS, RoundsDecision,
+from pytest_transformers_opt.verdict.ab_rounds import (AB_MIN_CHANGE_PAIRS, ab_cap, ab_keep_going, ab_thresholds_to_settle,
+                                                       ab_time_cap)
+from pytest_transformers_opt.verdict.sequential import (AB_MAX_ROUNDS, AB_MAX_SECONDS, AB_MIN_PAIRS, AUTO_ROUNDS, RoundsDecision,
                                                         RoundsRule, parse_rounds)
 
 ab_rounds_sim = load_script("ab_rounds_sim")
@@ -22,10 +23,10 @@ _side = ab_rounds_sim.side
 
 
 def _look(candidate: list[float], reference: list[float], rule: RoundsRule = AUTO_ROUNDS,
-          thresholds: list[Threshold] | None = None) -> tuple[bool, RoundsDecision]:
-    decision = RoundsDecision(rule, rounds=len(candidate), ab_max_rounds=ab_cap(rule))
+          thresholds: list[Threshold] | None = None, elapsed_s: float = 0.0) -> tuple[bool, RoundsDecision]:
+    decision = RoundsDecision(rule, rounds=len(candidate), ab_max_rounds=ab_cap(rule), ab_max_seconds=ab_time_cap(rule))
     go_on = ab_keep_going(decision, thresholds or [LATENCY_5], _side(candidate), _side(reference),
-                          OptSession.ab_gate_so_far)
+                          OptSession.ab_gate_so_far, elapsed_s=elapsed_s)
     return go_on, decision
 
 
@@ -67,8 +68,8 @@ def test_a_clear_regression_on_quiet_pairs_settles_at_eight_pairs_not_before() -
     assert decision.note() == ("sequential rounds: every --opt-ab-fail verdict on rounds settled after 8 rounds "
                                "(latency:5%: regressed, settled (SPRT: worse by more than the limit))")
     record = decision.to_dict()["ab"]
-    assert record == {"max_rounds": AB_MAX_ROUNDS, "settled": True,
-                      "thresholds": {"latency:5%": "regressed, settled (SPRT: worse by more than the limit)"}}
+    assert record == {"max_rounds": AB_MAX_ROUNDS, "max_seconds": AB_MAX_SECONDS, "stopped_by_time": False,
+                      "settled": True, "thresholds": {"latency:5%": "regressed, settled (SPRT: worse by more than the limit)"}}
 
 
 def test_an_improvement_settles_at_eight_pairs_and_no_change_before() -> None:
@@ -102,6 +103,31 @@ def test_noisy_pairs_near_the_limit_stay_open_until_the_cap_and_say_so() -> None
     assert not go_on and not decision.ab_settled  # the user's cap
     assert decision.note().startswith("sequential rounds: an --opt-ab-fail verdict was still open after 12 rounds "
                                       "(the cap), judged by the gate's rule there")
+
+
+def test_auto_stops_an_open_verdict_at_its_time_cap_only_past_its_own_maximum() -> None:
+    """A GPU test of 3 s a round would take 10 minutes to reach 200 rounds: auto stops an open A/B verdict once its
+    timed rounds have run AB_MAX_SECONDS, but never before its own 10; a user's MIN..MAX has no time cap."""
+    assert ab_time_cap(AUTO_ROUNDS) == AB_MAX_SECONDS and ab_time_cap(parse_rounds("3..50")) is None
+    rng = random.Random(7)
+    reference = [0.1 * math.exp(rng.gauss(0, 0.15)) for _ in range(12)]
+    candidate = [r * 1.05 * math.exp(rng.gauss(0, 0.2)) for r in reference]
+    go_on, decision = _look(candidate, reference, elapsed_s=AB_MAX_SECONDS - 1)
+    assert go_on and not decision.ab_stopped_by_time
+    go_on, decision = _look(candidate[:9], reference[:9], elapsed_s=AB_MAX_SECONDS + 1)
+    assert go_on, "stopped by time before auto's own 10 rounds"
+    go_on, decision = _look(candidate, reference, elapsed_s=AB_MAX_SECONDS)
+    assert not go_on and decision.ab_stopped_by_time and not decision.ab_settled
+    assert decision.to_dict()["ab"]["stopped_by_time"] is True
+    assert decision.note().startswith(f"sequential rounds: an --opt-ab-fail verdict was still open after 12 rounds "
+                                      f"(the time cap: {AB_MAX_SECONDS:g} s of timed rounds, for auto), judged by the "
+                                      "gate's rule there")
+    go_on, decision = _look(candidate, reference, rule=parse_rounds("3..50"), elapsed_s=10 * AB_MAX_SECONDS)
+    assert go_on and decision.to_dict()["ab"]["max_seconds"] is None
+    # a settled verdict stops the rounds whatever the time: the cap never says "open" of it
+    quiet = [0.100, 0.102, 0.099, 0.101, 0.100, 0.098, 0.101, 0.100, 0.1, 0.1, 0.1]
+    go_on, decision = _look([r * 1.3 for r in quiet], quiet, elapsed_s=2 * AB_MAX_SECONDS)
+    assert not go_on and decision.ab_settled and not decision.ab_stopped_by_time
 
 
 def test_rounds_that_are_not_pairs_hold_nothing_open() -> None:
