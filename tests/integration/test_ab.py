@@ -6,6 +6,8 @@ changes on purpose differs: a slowed side, a missing package, a crash."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -97,6 +99,32 @@ def _worker_pids() -> set[int]:
             except OSError:
                 continue
     return found
+
+
+def _pytest_process(path: Path, reference: str) -> "subprocess.Popen[bytes]":
+    """pytest with --opt-ab over the project in ``path``, as a process of its own (to be sent Ctrl-C)."""
+    env = {**os.environ, "PYTEST_ADDOPTS": "-p no:randomly -p no:asyncio"}
+    return subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--opt-ab={reference}"],
+                            cwd=path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _wait_for(mark: Path, process: "subprocess.Popen[bytes]", seconds: float) -> None:
+    """Until the session leaves ``mark`` (it has got that far), or fail with its output."""
+    deadline = time.monotonic() + seconds
+    while not mark.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert mark.exists(), process.communicate()[0].decode(errors="replace")[-3000:]
+
+
+def _interrupt_and_check_no_worker_is_left(process: "subprocess.Popen[bytes]", pids: set[int]) -> None:
+    """Ctrl-C: pytest ends as interrupted, and none of the reference workers ``pids`` outlives it (10 s grace)."""
+    process.send_signal(signal.SIGINT)
+    output = process.communicate(timeout=120)[0].decode(errors="replace")
+    assert process.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
+    deadline = time.monotonic() + 10
+    while _worker_pids() & pids and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _worker_pids() & pids, f"reference workers {_worker_pids() & pids} outlived the interrupted session"
 
 
 def test_a_null_ab_passes_and_a_slowed_candidate_fails_the_run_with_one_line(run_user, pytester):
@@ -281,6 +309,28 @@ def test_xdist_runs_one_reference_worker_per_xdist_worker_and_every_row_keeps_it
     assert not _worker_pids() & {int(pid) for pid in started}
 
 
+def test_under_xdist_the_ab_gate_holds_each_workers_rounds_open_and_fails_the_run_once_per_test(run_user, pytester):
+    """-n 2 with auto rounds and --opt-ab-fail: each xdist worker settles its own test's verdict with its own
+    reference worker, and the controller's gate fails the run with one line per regressed test, under -q too."""
+    reference = _wrapper(pytester.path / "reference-python", before='echo "$$" >> "$(dirname "$0")/started"')
+    two = SLEEPY_TEST + SLEEPY_TEST.replace("def test_sleepy(", "def test_sleepy_too(")
+    run = run_user(two, "-n", "2", "-q", "--opt-rounds=auto", f"--opt-ab={reference}", "--opt-ab-fail=latency:20%",
+                   conftest=SLEEPY_CONFTEST.format(slowed="candidate"))
+    run.result.assert_outcomes(passed=2)
+    assert run.result.ret == pytest.ExitCode.TESTS_FAILED
+    for name in ("test_sleepy", "test_sleepy_too"):
+        row = run.test(name)
+        assert row["ab"]["verdict"] == "regressed", row["ab"]
+        ab_rounds = row["rounds_decision"]["ab"]
+        assert ab_rounds["settled"] is True and 8 <= row["rounds_decision"]["rounds"] < 200, row["rounds_decision"]
+        assert row["ab"]["optimized"]["rounds"] == row["rounds_decision"]["rounds"]
+    output = run.result.stdout.str()
+    assert output.count("AB REGRESSED ") == 2, output
+    assert "2 tests regressed past --opt-ab-fail=latency:20%" in output, output
+    started = {int(pid) for pid in (pytester.path / "started").read_text().split()}
+    assert 1 <= len(started) <= 2 and not _worker_pids() & started
+
+
 def test_ab_fail_without_a_reference_or_with_a_metric_it_cannot_judge_is_a_usage_error(pytester):
     pytester.makepyfile(test_user=ONE_TEST)
     result = pytester.runpytest("--opt-ab-fail=latency:5%")
@@ -293,9 +343,6 @@ def test_ab_fail_without_a_reference_or_with_a_metric_it_cannot_judge_is_a_usage
 
 def test_ctrl_c_mid_ab_leaves_no_worker_behind(pytester):
     """A user's Ctrl-C while the reference worker is busy: pytest ends, and so does the worker."""
-    import signal
-    import subprocess
-
     reference = _wrapper(pytester.path / "reference-python", before='echo "$$" >> "$(dirname "$0")/started"')
     # sleep-dominated rounds: 200 of them outlast the wait below on any machine (the tiny model's own 200 rounds
     # ended before it on a quiet one, and the interrupt found the session done)
@@ -306,31 +353,17 @@ def test_ctrl_c_mid_ab_leaves_no_worker_behind(pytester):
                "    if len(_GENERATES) == 40:\n        open('in-rounds', 'w').close()\n    return 0.02\n")
     pytester.makeconftest(sleepy_conftest(prelude=prelude, pause="_pause()"))
     pytester.makepyfile(test_user=SLEEPY_TEST.replace("max_new_tokens=3", "max_new_tokens=3, rounds=200"))
-    env = {**os.environ, "PYTEST_ADDOPTS": "-p no:randomly -p no:asyncio"}
-    process = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--opt-ab={reference}"],
-                               cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = _pytest_process(pytester.path, reference)
     started, in_rounds = pytester.path / "started", pytester.path / "in-rounds"
-    deadline = time.monotonic() + 240
-    while not in_rounds.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert started.exists() and in_rounds.exists(), process.communicate()[0].decode(errors="replace")[-3000:]
-    process.send_signal(signal.SIGINT)
-    output = process.communicate(timeout=120)[0].decode(errors="replace")
-    assert process.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
-    pids = {int(pid) for pid in started.read_text().split()}
-    deadline = time.monotonic() + 10
-    while _worker_pids() & pids and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _worker_pids() & pids
+    _wait_for(in_rounds, process, 240)
+    assert started.exists()
+    _interrupt_and_check_no_worker_is_left(process, {int(pid) for pid in started.read_text().split()})
 
 
 def test_ctrl_c_before_the_early_launched_worker_is_ready_leaves_no_worker_behind(pytester):
     """The worker is launched before the first test and imports its stack while this process imports its own: a
     Ctrl-C in that window (the worker not yet ready: here its start-up hangs, as a slow import on a busy machine
     would) ends pytest, and the worker with it."""
-    import signal
-    import subprocess
-
     hang = pytester.path / "hang"
     hang.mkdir()
     # the reference's interpreter only (the wrapper puts this folder on its path): it never gets to be ready
@@ -338,24 +371,13 @@ def test_ctrl_c_before_the_early_launched_worker_is_ready_leaves_no_worker_behin
     reference = _wrapper(pytester.path / "reference-python", pythonpath=hang,
                          before='echo "$$" >> "$(dirname "$0")/started"')
     pytester.makepyfile(test_user=ONE_TEST)
-    env = {**os.environ, "PYTEST_ADDOPTS": "-p no:randomly -p no:asyncio"}
-    process = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--opt-ab={reference}"],
-                               cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = _pytest_process(pytester.path, reference)
     started = pytester.path / "started"
-    deadline = time.monotonic() + 120
-    while not started.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert started.exists(), process.communicate()[0].decode(errors="replace")[-3000:]
+    _wait_for(started, process, 120)
     pid = int(started.read_text().split()[0])
     time.sleep(1.0)  # inside the window: the worker hangs in its start-up, pytest imports or waits for it
     assert pid in _worker_pids() and process.poll() is None
-    process.send_signal(signal.SIGINT)
-    output = process.communicate(timeout=120)[0].decode(errors="replace")
-    assert process.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
-    deadline = time.monotonic() + 10
-    while pid in _worker_pids() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert pid not in _worker_pids(), f"the reference worker {pid} outlived the interrupted session"
+    _interrupt_and_check_no_worker_is_left(process, {pid})
 
 
 def test_blocks_mode_runs_the_environments_in_alternating_blocks_and_says_so(run_user, pytester):
