@@ -75,6 +75,7 @@ def _preimport_architectures() -> None:
     session froze the long-lived objects is scanned by every collection (eight modeling modules: 136k objects,
     0.4 s a collection; inductor's: 78k more), most of a cell's cost."""
     import contextlib
+    import gc
 
     import torch
     from transformers import AutoModelForCausalLM
@@ -87,6 +88,10 @@ def _preimport_architectures() -> None:
     for model in ARCHITECTURES:
         with torch.device("meta"):
             AutoModelForCausalLM.from_config(tiny_model_config(model))
+    # The session freezes once per process (engine/measure.py): where an earlier in-process session of this worker
+    # froze before these imports, they are frozen here, or every collection of the 160 cells scanned them again
+    gc.collect()
+    gc.freeze()
 
 
 def _cell(nodeid: str) -> tuple[str, str]:

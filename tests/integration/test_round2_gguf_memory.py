@@ -290,8 +290,8 @@ import pytest
 pytestmark = pytest.mark.opt_model({folder!r}, gguf_file="wide.F32.gguf")
 
 
-@pytest.mark.optimization("bnb_8bit", max_memory="40 MiB", max_kl=100.0, min_top1=0.0, min_token_match=0.0)
-def test_bnb_8bit_in_40_mib(opt_bench):
+@pytest.mark.optimization("bnb_8bit", max_memory="56 MiB", max_kl=100.0, min_top1=0.0, min_token_match=0.0)
+def test_bnb_8bit_in_56_mib(opt_bench):
     opt_bench(["The cat eats", "A dog sees the old bridge"], max_new_tokens=4)
 '''
 
@@ -307,10 +307,12 @@ def test_the_advisor_reasons_from_what_a_quantization_holds_not_from_its_load(
     monkeypatch.setenv(tiny_models.CACHE_ENV, str(tmp_path / "cache"))
     run = run_user(LOAD_OVER_BUDGET.format(folder=str(wide_gguf_folder)), *INNER)
     run.result.assert_outcomes(failed=1)
-    entry = run.test("test_bnb_8bit_in_40_mib")
+    entry = run.test("test_bnb_8bit_in_56_mib")
     optimized = entry["optimized"]
-    # 52 MB of float32 read to quantize (the load), 14 MB of int8 weights + float embeddings (the configuration)
-    assert optimized["peak_memory_bytes"] < 40 * 2**20 < optimized["load_peak_bytes"], optimized
+    # 52 MB of float32 read to quantize (the load: 70-121 MiB measured), 14 MB of int8 weights + float embeddings
+    # plus what bitsandbytes' CPU path holds while generating (the configuration: 23-42 MiB on an AVX2-only AMD EPYC,
+    # where a 40 MiB budget was under the running peak too, 2026-12-05): 56 MiB lies between them
+    assert optimized["peak_memory_bytes"] < 56 * 2**20 < optimized["load_peak_bytes"], optimized
     budget = next(b for b in entry["budgets"] if b["name"] == "max_memory")
     assert budget["ok"] is False and budget["measured"] == optimized["load_peak_bytes"]  # load and generation
     capsys.readouterr()
