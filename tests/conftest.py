@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import gc
 import importlib
 import json
 import os
@@ -45,6 +46,10 @@ import accelerate  # noqa: E402,F401
 # hypothesis' pytest plugin imports hypothesis (some 75 modules, each rewritten by pytest's assertion rewriter, with no
 # bytecode cache under PYTHONDONTWRITEBYTECODE) in every in-process run that has not got it yet: kept here, once.
 import hypothesis  # noqa: E402,F401
+# jsonschema (and attrs, referencing, rpds: some 40 modules) is imported by the first report read or written inside a
+# run, and was imported again by each of them: 38 times in 93 tests, a third of their reports' validation time
+import jsonschema  # noqa: E402,F401
+import jsonschema.exceptions  # noqa: E402,F401
 
 from pytest_transformers_opt.engine import tiny_models  # noqa: E402
 
@@ -94,6 +99,18 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.rsplit("/", 1)[-1], len(rank)))  # stable: the rest keep their order
+
+
+@pytest.hookimpl(tryfirst=True)  # before any fixture of the test is made: they are the test's, not frozen
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """What this worker holds between tests is frozen before each one. The plugin freezes the stack once per
+    process (engine/measure.py), as a user's one session needs; this worker's hundreds of in-process sessions
+    leave survivors behind that it never froze (25k objects after the first test, 107k after 90), and every
+    memory reading's full collection scanned them: 10 ms, then 130 ms each, several times a test. A test's own
+    collection then scans only what the test made (1 ms), and three files' 93 tests ran in 14 s, not 20.
+    Collected first, so nothing dead is frozen."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)

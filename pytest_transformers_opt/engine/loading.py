@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 from ..compat import drop_compiled_forward, reset_compiled_graphs, supports_experts_implementation
 from ..errors import OptConfigError, OptLoadError, OptProofError
 from ..units import parse_dtype
-from .measure import file_mappings, release_file_pages, release_memory, track_peak_memory
+from .measure import mapped_files, release_file_pages, release_memory, track_peak_memory
 from .model import LoadedModel, weights_fingerprint
 from .progress import long_work
 from ..techniques import LoadSettings, ProbeContext, Technique
@@ -241,7 +241,7 @@ def load_model(request: ModelRequest, path: str, load_techniques: list[Technique
         tokenizer = load_tokenizer(path, request)
         prime_loader(device)
         start = time.perf_counter()
-        mapped_before = file_mappings() if device == "cpu" else {}
+        mapped_before = mapped_files() if device == "cpu" else set()
         with track_peak_memory(device) as reading:
             model = AutoModelForCausalLM.from_pretrained(weights_path, **settings.kwargs)
             detach_gguf_quantizer(model)  # before techniques see it: a plain dense model, not a quantized one
