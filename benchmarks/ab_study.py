@@ -20,6 +20,12 @@ all three:
         [--ab-fail latency:5%] [--techniques sdpa,static_cache] [--scenarios null,slowed-candidate,slowed-reference]
         [--keep DIR] [--out FILE] [-- PYTEST_ARGS]
 
+``--keep DIR`` keeps every session's JSON report with its exit status and wall time, and the study's parameters;
+``--reanalyse --keep DIR`` prints the table of those sessions again without running any (a 20-session study takes
+hours):
+
+    python benchmarks/ab_study.py --reanalyse --keep DIR [--out FILE]
+
 ``--cost`` measures what the A/B costs instead: each test's wall time in sessions without and with ``--opt-ab``
 (a reference that is this same interpreter), in turn (goal: at most 1.6x):
 
@@ -417,11 +423,56 @@ def _session(scenario: str, runner: SessionRunner, root: Path, report: Path, kee
              **kwargs: Any) -> Session:
     started = time.perf_counter()
     status, data, tail = runner(root, report=report, **kwargs)
-    if keep is not None and report.exists():
-        keep.mkdir(parents=True, exist_ok=True)
+    session = Session(scenario, status, ab_rows(data, kwargs.get("ab_fail")) if data else [],
+                      time.perf_counter() - started, (data or {}).get("ab") or {}, tail)
+    if keep is not None:
+        _keep_session(keep, session, report if report.exists() else None)
+    return session
+
+
+# --------------------------------------------------------------------------- kept sessions, tabulated again
+
+KEPT_STUDY = "study.json"  # what the study was: the command and the table's parameters (written by main)
+KEPT_SESSION = ".session.json"  # beside each kept report: what the report does not hold (exit status, wall time)
+
+
+def _keep_session(keep: Path, session: Session, report: Path | None) -> None:
+    keep.mkdir(parents=True, exist_ok=True)
+    number = len(list(keep.glob("*" + KEPT_SESSION))) + 1
+    stem = report.stem if report is not None else f"{session.scenario.replace(' ', '-')}-no-report-{number:02d}"
+    if report is not None:
         shutil.copyfile(report, keep / report.name)
-    return Session(scenario, status, ab_rows(data, kwargs.get("ab_fail")) if data else [], time.perf_counter() - started,
-                   (data or {}).get("ab") or {}, tail)
+    record = {"number": number, "scenario": session.scenario, "status": session.status, "seconds": session.seconds,
+              "tail": session.tail, "report": report.name if report is not None else None}
+    (keep / (stem + KEPT_SESSION)).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
+def load_kept(folder: Path) -> tuple[dict[str, Any], list[Session]]:
+    """The study's parameters and its sessions, in the order they ran, from a folder ``--keep`` wrote."""
+    study = folder / KEPT_STUDY
+    if not study.is_file():
+        raise SystemExit(f"ab_study.py: {folder} holds no {KEPT_STUDY}: --reanalyse reads a folder that --keep "
+                         f"filled (each report beside its {KEPT_SESSION}, and the study's {KEPT_STUDY})")
+    params: dict[str, Any] = json.loads(study.read_text(encoding="utf-8"))
+    sessions = []
+    records = [json.loads(path.read_text(encoding="utf-8")) for path in folder.glob("*" + KEPT_SESSION)]
+    for record in sorted(records, key=lambda r: r["number"]):
+        report = folder / record["report"] if record["report"] else None
+        if report is not None and not report.is_file():
+            raise SystemExit(f"ab_study.py: {report} is missing: its session record names it")
+        data = json.loads(report.read_text(encoding="utf-8")) if report is not None else None
+        sessions.append(Session(record["scenario"], record["status"],
+                                ab_rows(data, params.get("ab_fail")) if data else [], record["seconds"],
+                                (data or {}).get("ab") or {}, record["tail"]))
+    return params, sessions
+
+
+def tabulate(params: dict[str, Any], sessions: Sequence[Session]) -> str:
+    """The table of a study (or a pair) from its parameters, as main prints it after running the sessions."""
+    if params["mode"] == "pair":
+        return pair_table(sessions, command=params["command"], model=params["model"])
+    return study_table(sessions, command=params["command"], model=params["model"], techniques=params["techniques"],
+                       slowdown=params["slowdown"], ab_fail=params["ab_fail"])
 
 
 def _progress(number: int, total: int, session: Session) -> None:
@@ -551,11 +602,29 @@ def main(argv: Sequence[str] | None = None, runner: SessionRunner = run_session)
                         help="instead: each test's wall time without and with --opt-ab (a same-interpreter reference)")
     parser.add_argument("--reference", default=str(KERNELS_PYTHON), help="pair: the reference environment's python")
     parser.add_argument("--keep", type=Path, default=None, help="copy every session's JSON report into this folder")
+    parser.add_argument("--reanalyse", action="store_true",
+                        help="with --keep DIR: run no session, tabulate again the sessions an earlier run kept there")
     parser.add_argument("--out", type=Path, default=None, help="also write the Markdown here")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --, e.g. -- --opt-rounds=7")
     args = parser.parse_args(argv)
+    if args.reanalyse and args.keep is None:
+        parser.error("--reanalyse needs --keep DIR (a folder an earlier run kept)")
     command = _command_line(argv)
-    if args.cost:
+
+    def kept(params: dict[str, Any]) -> dict[str, Any]:
+        if args.keep is not None:
+            if (args.keep / KEPT_STUDY).exists():  # two studies' sessions in one folder would be tabulated as one
+                raise SystemExit(f"ab_study.py: --keep {args.keep} holds an earlier study's sessions ({KEPT_STUDY}): "
+                                 "give an empty --keep folder, or --reanalyse")
+            args.keep.mkdir(parents=True, exist_ok=True)
+            (args.keep / KEPT_STUDY).write_text(json.dumps({"command": command, **params}, indent=1) + "\n",
+                                                encoding="utf-8")
+        return {"command": command, **params}
+
+    if args.reanalyse:
+        params, kept_sessions = load_kept(args.keep)
+        text = (f"Tabulated again from the kept sessions (`{command}`):\n\n" + tabulate(params, kept_sessions))
+    elif args.cost:
         model = args.model or "tiny-random-llama"
         results = run_cost(runs=args.runs or 3, model=model, techniques=_split(args.techniques, STUDY_TECHNIQUES),
                            max_new_tokens=args.max_new_tokens, extra_args=args.pytest_args)
@@ -565,25 +634,25 @@ def main(argv: Sequence[str] | None = None, runner: SessionRunner = run_session)
         if not (reference.is_file() and os.access(reference, os.X_OK)):
             raise SystemExit(f"ab_study.py: no reference interpreter at {reference}: build .venv-kernels with "
                              "`bash scripts/kernels_env.sh` (transformers 5.22), or name one with --reference")
-        model = args.model or "smollm2-135m"
-        sessions = run_pair(reference=str(reference), runs=args.runs or 1, model=model,
+        params = kept({"mode": "pair", "model": args.model or "smollm2-135m"})
+        sessions = run_pair(reference=str(reference), runs=args.runs or 1, model=params["model"],
                             techniques=_split(args.techniques, PAIR_TECHNIQUES), ab_fail=args.ab_fail or PAIR_AB_FAIL,
                             max_new_tokens=args.max_new_tokens, extra_args=args.pytest_args, keep=args.keep,
                             runner=runner)
-        text = pair_table(sessions, command=command, model=model)
+        text = tabulate(params, sessions)
     else:
         scenarios = [s.replace("-", " ") for s in _split(args.scenarios, ())]
         unknown = [s for s in scenarios if s not in SCENARIOS]
         if unknown:
             parser.error(f"unknown scenario {', '.join(unknown)}; known: null, slowed-candidate, slowed-reference")
-        model = args.model or "tiny-random-llama"
-        techniques = _split(args.techniques, STUDY_TECHNIQUES)
-        ab_fail = args.ab_fail or STUDY_AB_FAIL
-        sessions = run_study(runs=args.runs or 20, scenarios=scenarios, model=model, techniques=techniques,
-                             slowdown=args.slowdown, ab_fail=ab_fail, max_new_tokens=args.max_new_tokens,
-                             extra_args=args.pytest_args, keep=args.keep, runner=runner)
-        text = study_table(sessions, command=command, model=model, techniques=techniques, slowdown=args.slowdown,
-                           ab_fail=ab_fail)
+        params = kept({"mode": "study", "model": args.model or "tiny-random-llama",
+                       "techniques": _split(args.techniques, STUDY_TECHNIQUES), "slowdown": args.slowdown,
+                       "ab_fail": args.ab_fail or STUDY_AB_FAIL})
+        sessions = run_study(runs=args.runs or 20, scenarios=scenarios, model=params["model"],
+                             techniques=params["techniques"], slowdown=args.slowdown, ab_fail=params["ab_fail"],
+                             max_new_tokens=args.max_new_tokens, extra_args=args.pytest_args, keep=args.keep,
+                             runner=runner)
+        text = tabulate(params, sessions)
     print(text)
     if args.out:
         args.out.write_text(text + "\n", encoding="utf-8")

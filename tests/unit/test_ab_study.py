@@ -316,7 +316,9 @@ def test_the_study_takes_the_scenarios_in_turn_and_wires_each_side_s_slowdown(tm
     assert [c["slow"] for c in calls[:3]] == [None, True, None]
     assert all(c["ab_fail"] == "latency:5%" and c["extra"] == ["--opt-rounds=5"] for c in calls)
     assert "opt_model('tiny-random-llama')" in calls[0]["project"]
-    assert len(list((tmp_path / "kept").iterdir())) == 6  # --keep: every session's report
+    kept = sorted(path.name for path in (tmp_path / "kept").iterdir())  # --keep: every session's report and record
+    assert [name for name in kept if not name.endswith(ab_study.KEPT_SESSION)] == sorted(c["report"] for c in calls)
+    assert len(kept) == 12
     table = ab_study.study_table(sessions, command="python benchmarks/ab_study.py --runs 2", model="tiny-random-llama",
                                  techniques=["sdpa", "static_cache"], slowdown=10, ab_fail="latency:5%")
     assert "    python benchmarks/ab_study.py --runs 2" in table
@@ -354,6 +356,48 @@ def test_main_prints_and_writes_the_table_with_the_exact_command(tmp_path: Path,
     assert out.read_text(encoding="utf-8") == printed
     assert f"benchmarks/ab_study.py --runs 1 --scenarios null --techniques sdpa --out {out} -- --opt-rounds=5" in printed
     assert "| null | 1 | 1 (`ok`) | 0 | 0 | 0 | 0 | 0 | 1 |" in printed
+
+
+@pytest.mark.parametrize("mode", ["study", "pair"])
+def test_kept_sessions_are_tabulated_again_without_running_any(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                               mode: str) -> None:
+    verdicts = iter(["ok", "regressed", "improved", "ok", "regressed", "improved"])
+
+    def runner(root: Path, *, report: Path, **kwargs: Any) -> tuple[int, dict[str, Any] | None, str]:
+        verdict = next(verdicts)
+        if report.name.startswith("slowed-reference-02"):
+            return 2, None, "a session that wrote no report\nINTERNALERROR> boom"
+        data = _report(_test("test_sdpa", verdict, {"ok": 0.3, "regressed": 9.0, "improved": -7.5}[verdict]))
+        report.write_text(json.dumps(data), encoding="utf-8")
+        return int(verdict == "regressed"), data, ""
+
+    kept = tmp_path / "kept"
+    argv = (["--pair", "--reference", sys.executable, "--runs", "2"] if mode == "pair" else
+            ["--runs", "2", "--techniques", "sdpa", "--slowdown", "8"]) + ["--keep", str(kept), "--", "--opt-rounds=5"]
+    assert ab_study.main(argv, runner=runner) == 0
+    first = capsys.readouterr().out
+
+    out = tmp_path / "again.md"
+    assert ab_study.main(["--reanalyse", "--keep", str(kept), "--out", str(out)],
+                         runner=lambda *a, **k: pytest.fail("ran")) == 0
+    again = capsys.readouterr().out
+    assert out.read_text(encoding="utf-8") == again
+    head, table = again.split("\n\n", 1)
+    assert head.startswith("Tabulated again from the kept sessions (`")
+    assert head.endswith(f"benchmarks/ab_study.py --reanalyse --keep {kept} --out {out}`):")
+    assert table == first  # the same sessions, the same table: statuses, wall times, the session without a report
+    if mode == "study":
+        assert "+8% of each forward" in table and "session without a report (exit 2): INTERNALERROR> boom" in table
+    else:
+        assert "| 2 | test_sdpa | regressed | latency |" in table
+
+    with pytest.raises(SystemExit, match="holds an earlier study's sessions .*: give an empty --keep folder, or "):
+        ab_study.main(argv, runner=lambda *a, **k: pytest.fail("ran"))
+    with pytest.raises(SystemExit, match="holds no study.json: --reanalyse reads a folder that --keep filled"):
+        ab_study.main(["--reanalyse", "--keep", str(tmp_path)])
+    with pytest.raises(SystemExit):  # argparse's usage error, naming what it needs
+        ab_study.main(["--reanalyse"])
+    assert "--reanalyse needs --keep DIR" in capsys.readouterr().err
 
 
 def test_the_cost_mode_reads_each_tests_wall_time_from_pytests_durations() -> None:
