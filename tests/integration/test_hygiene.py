@@ -74,8 +74,9 @@ def test_a_second_session_in_the_process_finds_the_stack_frozen(pytester, monkey
     from pytest_transformers_opt.engine import measure
 
     pytester.makepyfile(test_user="def test_probe(opt_hardware):\n    assert opt_hardware.device_type == 'cpu'\n")
+    # the first session in this process (or an earlier one of this worker) froze; tests/conftest.py also freezes
+    # what the worker holds before each test, so the freeze count says nothing here: the calls below do
     pytester.runpytest_inprocess("-p", "no:cacheprovider", "--opt-device=cpu").assert_outcomes(passed=1)
-    assert gc.get_freeze_count() > 0  # frozen by that session (or before it, in this process), and still
 
     calls: list[str] = []
 
