@@ -333,6 +333,13 @@ class OptSession:
     def start_compile_count(self, nodeid: str) -> None:
         self._compile_counts[nodeid] = compile_cache_counts()
 
+    def freeze_new_imports(self) -> None:
+        """Before a test, once the stack is imported: what earlier tests imported leaves the collector's sight."""
+        if self._hardware is not None:
+            from .engine.measure import freeze_long_lived_objects
+
+            freeze_long_lived_objects()
+
     def note_compile_cache(self, nodeid: str) -> None:
         """Whether the test's compilation hit torch's caches (its lookups since its setup began)."""
         hits_before, misses_before = self._compile_counts.pop(nodeid, (0, 0))
@@ -590,8 +597,9 @@ class OptPlugin:
                 report.opt_entries = entries_of(session.records[item.nodeid])
         return report
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(tryfirst=True)  # before the test's fixtures exist: they are not frozen
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.session.freeze_new_imports()
         self.session.start_compile_count(item.nodeid)
 
     @pytest.hookimpl(trylast=True)

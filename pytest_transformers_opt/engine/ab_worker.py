@@ -193,6 +193,10 @@ class Worker:
 
         key = str(request["key"])
         self._configurations.pop(key, None)
+        if self._hardware:  # a test's first request, as a session's test setup: what earlier ones imported is frozen
+            from .measure import freeze_long_lived_objects
+
+            freeze_long_lived_objects()
         model = request["model"]
         model_request = ModelRequest(name_or_path=model["name_or_path"], revision=model.get("revision"),
                                      dtype=model.get("dtype"), trust_remote_code=bool(model.get("trust_remote_code")),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,8 @@ from .progress import long_work
 from ..techniques import LoadSettings, ProbeContext, Technique
 from ..techniques.moe import BASELINE_IMPLEMENTATION
 from ..techniques.speculative import AssistedDecoding
-from .real_models import (check_gguf_folder, detach_gguf_quantizer, ensure_real_model, gguf_hint, gguf_kwargs,
-                          gguf_load_route, is_real_model)
+from .real_models import (check_gguf_folder, converted_gguf_copy, detach_gguf_quantizer, ensure_real_model, gguf_hint,
+                          gguf_kwargs, gguf_load_route, is_real_model)
 from .tiny_models import ensure_tiny_model, is_tiny_model, tiny_model_config
 
 @dataclass(frozen=True)
@@ -107,9 +108,8 @@ def read_model_config(request: ModelRequest, path: str) -> Any:
     where = f"opt_model {request.name_or_path!r}"
     try:
         return parsed_once("config", path, request,
-                           lambda: AutoConfig.from_pretrained(path, revision=request.revision,
-                                                              trust_remote_code=request.trust_remote_code,
-                                                              **gguf_kwargs(request.from_pretrained_kwargs)))
+                           lambda source, kwargs: AutoConfig.from_pretrained(
+                               source, trust_remote_code=request.trust_remote_code, **kwargs))
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
             raise OptConfigError(
@@ -122,26 +122,33 @@ def read_model_config(request: ModelRequest, path: str) -> Any:
 
 
 # A GGUF file holds its config and tokenizer as metadata that transformers parses on every read (for a
-# 262k vocabulary, 70-140 s on a busy 2-core machine): each is parsed once per file version and process,
-# and every load gets its own copy (a test may change its tokenizer or config).
+# 262k vocabulary, 70-140 s on a busy 2-core machine): each is read from the file's converted copy where an
+# earlier load made one, else parsed once per file version and process; every load gets its own copy (a test
+# may change its tokenizer or config).
 _GGUF_PARSED: dict[tuple[Any, ...], Any] = {}
 GGUF_PARSE_ANNOUNCE_AFTER_S = 5.0
 
 
-def parsed_once(kind: str, path: str, request: ModelRequest, parse: Callable[[], Any]) -> Any:
-    """``parse()`` (the ``kind`` read from a GGUF checkpoint) once per file version, a copy each call;
-    not cached (``parse()`` each time) for other models, whose files read quickly."""
+def parsed_once(kind: str, path: str, request: ModelRequest, read: Callable[[str, dict[str, Any]], Any]) -> Any:
+    """``read(source, kwargs)``: the ``kind`` of a model, read by transformers from ``source`` with ``kwargs``. For
+    a GGUF checkpoint, once per file version and process (a copy each call): from the file's converted copy
+    where one exists (the same metadata as files: milliseconds), else parsed from the file. Read each time for
+    other models, whose files read quickly."""
     gguf_file = gguf_kwargs(request.from_pretrained_kwargs).get("gguf_file")
     if not gguf_file:
-        return parse()
+        return read(path, {"revision": request.revision})
     file = Path(path) / gguf_file
     # a local file by its version; a hub file (transformers downloads it) by repository, name and revision
     version = (str(file.resolve()), file.stat().st_size, file.stat().st_mtime_ns) if file.is_file() else (path, gguf_file)
     key = (kind, *version, request.revision, request.trust_remote_code)
     if key not in _GGUF_PARSED:
-        with long_work(f"reading the {kind} of {gguf_file}", after_s=GGUF_PARSE_ANNOUNCE_AFTER_S,
-                       detail="GGUF metadata; once per session, kept for every later load"):
-            _GGUF_PARSED[key] = parse()
+        converted = converted_gguf_copy(path, gguf_file)
+        if converted is not None:
+            _GGUF_PARSED[key] = read(str(converted), {})
+        else:
+            with long_work(f"reading the {kind} of {gguf_file}", after_s=GGUF_PARSE_ANNOUNCE_AFTER_S,
+                           detail="GGUF metadata; once per session, kept for every later load"):
+                _GGUF_PARSED[key] = read(path, {"revision": request.revision, "gguf_file": gguf_file})
     return copy.deepcopy(_GGUF_PARSED[key])
 
 
@@ -149,9 +156,8 @@ def load_tokenizer(path: str, request: ModelRequest) -> Any:
     from transformers import AutoTokenizer
 
     tokenizer = parsed_once("tokenizer", path, request,
-                            lambda: AutoTokenizer.from_pretrained(path, revision=request.revision,
-                                                                  trust_remote_code=request.trust_remote_code,
-                                                                  **gguf_kwargs(request.from_pretrained_kwargs)))
+                            lambda source, kwargs: AutoTokenizer.from_pretrained(
+                                source, trust_remote_code=request.trust_remote_code, **kwargs))
     tokenizer.padding_side = "left"  # decoder-only generation pads on the left
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -349,12 +355,15 @@ class ModelCache:
         loaded = self._models.pop(key, None)
         if loaded is None:
             return
+        # a model is freed by its reference count; one that is still alive after this, or compiled graphs that
+        # held its weights, may be garbage the process froze alive (engine/measure.py): collected with a thaw
+        outlived = weakref.ref(loaded.model) if loaded.model is not None else lambda: None
         compiled = loaded.model is not None and drop_compiled_forward(loaded.model)
         loaded.model = None
         del loaded
         if compiled:
             reset_compiled_graphs()  # compiled graphs hold references to the old weights
-        release_memory(self.device)
+        release_memory(self.device, thaw=compiled or outlived() is not None)
 
     def clear(self) -> None:
         for key in list(self._models):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -314,12 +315,19 @@ def load_transient_note(side: Any) -> str | None:
             f"the memory ratio compares the running peaks, max_memory checks both")
 
 
-_frozen = False
+_frozen_with_modules: tuple[int, str, int] | None = None  # what _imported() said when this process last froze
+
+
+def _imported() -> tuple[int, str, int]:
+    """How many modules are imported, and the latest one (a module removed and another imported, or the same one
+    imported again, as pytester's in-process runs do, changes it too)."""
+    last = next(reversed(sys.modules), "")
+    return len(sys.modules), last, id(sys.modules.get(last))
 
 
 def freeze_long_lived_objects() -> None:
     """Move every object alive now (torch's and transformers' modules, classes, functions: 300k+ of them)
-    out of the garbage collector's sight, for the rest of the process.
+    out of the garbage collector's sight; again whenever modules were imported since the last time.
 
     Every memory reading starts with a full collection so that tensors in reference cycles are gone;
     with the stack imported one collection scans all of it, 0.16 s on this 2-core machine (0.35 s in a
@@ -327,22 +335,31 @@ def freeze_long_lived_objects() -> None:
     made since: models and what they leave behind are still collected. Garbage is collected first, so
     nothing dead is frozen.
 
-    Once per process, never undone: a second session in the same process (``pytest.main`` called again,
-    pytester's in-process runs) finds the stack frozen and pays no second full collection (undone at each
-    session's end, every in-process run of this project's suite paid 0.3 s for it). What the first session
-    had alive when it froze (its configuration, before any model loads) stays out of the collector's sight
-    until the process ends."""
-    global _frozen
-    if _frozen:
+    Called when the session first probes the hardware and before each of its tests: what a test imports
+    later (a model's architecture, bitsandbytes, quanto, inductor: 265k objects in the matrix of tiny
+    models) is frozen before the next test, or each later collection scanned it (40-110 ms each, a third of
+    a cell's time). Nothing is frozen where no module was imported since, so a test's models are frozen only
+    where they outlive a test that imported something: :func:`release_memory` then collects them with
+    ``thaw``. Never undone: a second session in the same process (``pytest.main`` called again, pytester's
+    in-process runs) finds the stack frozen and pays no second full collection."""
+    global _frozen_with_modules
+    if _imported() == _frozen_with_modules:
         return
     gc.collect()
     gc.freeze()
-    _frozen = True
+    _frozen_with_modules = _imported()
 
 
-def release_memory(device: str) -> None:
-    """Drop unreferenced tensors and return cached device blocks."""
-    gc.collect()
+def release_memory(device: str, thaw: bool = False) -> None:
+    """Drop unreferenced tensors and return cached device blocks. ``thaw``: also what was alive when the
+    process last froze and is garbage now (a model that a freeze found cached, compiled graphs that held
+    weights): every object is collected once (0.2-0.4 s), then frozen again."""
+    if thaw and _frozen_with_modules is not None:
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+    else:
+        gc.collect()
     if device.startswith("cuda"):
         import torch
 

@@ -11,7 +11,8 @@ A user's own GGUF (``opt_model(folder, gguf_file="x.gguf")``) is converted the s
 version, into the same cache, and every configuration (baseline and load-time quantizations alike) loads
 that copy: one loader for both sides of a comparison (transformers refuses a ``quantization_config``
 together with ``gguf_file``), and no de-quantization transient in a load's memory. Its config and
-tokenizer are read from the GGUF file itself (once per session: engine/loading.py). The file's header is
+tokenizer are read from that copy once it exists, else from the GGUF file itself (once per session:
+engine/loading.py). The file's header is
 checked before anything reads it: a truncated or corrupt file is named as such.
 """
 
@@ -345,16 +346,32 @@ def ensure_real_model(name: str) -> Path:
     return _convert_once(final, source, f"converting built-in model {name}", detail, {"name": name, **identity})
 
 
+def _converted_gguf_folder(source: Path) -> tuple[Path, dict[str, Any]]:
+    """Where a user's GGUF file's converted copy lives in the model cache (by file version), and that version."""
+    identity = _source_identity(source)
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_root() / "gguf" / f"{source.stem}-{digest}", identity
+
+
 def ensure_converted_gguf(folder: str | Path, gguf_file: str) -> Path:
     """A user's GGUF converted to safetensors in the model cache (once per file version), for loads
     transformers cannot do from a GGUF file (with a quantization_config)."""
     source = Path(folder) / gguf_file
-    identity = _source_identity(source)
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-    final = cache_root() / "gguf" / f"{Path(gguf_file).stem}-{digest}"
+    final, identity = _converted_gguf_folder(source)
     detail = (f"first use of this file: de-quantizing it to float32 safetensors once, so every configuration "
               f"loads the same weights the same way; cached in {final.parent}")
     return _convert_once(final, source, f"converting {gguf_file}", detail, identity)
+
+
+def converted_gguf_copy(folder: str | Path, gguf_file: str) -> Path | None:
+    """The complete converted copy of a local GGUF file, where an earlier load made one; else None. Its
+    config.json and tokenizer files hold what the GGUF's metadata holds, and read in milliseconds where
+    transformers parses the metadata for seconds (a 49k vocabulary: 3.5 s on 2 cores; a 262k one: minutes)."""
+    source = Path(folder) / gguf_file
+    if not source.is_file():  # a hub repository's file: transformers reads it where it is
+        return None
+    final, _ = _converted_gguf_folder(source)
+    return final if (final / DONE_FILE).is_file() else None
 
 
 def gguf_load_route(path: str, kwargs: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ generated from this run by ``scripts/support_matrix.py``; ``pytest --opt-techniq
 a model's column, the same reasons.
 
 Cost: one in-process session, one prompt, 4 new tokens, one timed round, no warm-up; the baseline run is
-shared per model: 2 min of CPU in all. Three techniques cost far more than the rest on CPU: ``compile`` (an
+shared per model: 45 s alone on 2 cores (73 s before each test froze what earlier ones imported). Three techniques cost far more than the rest on CPU: ``compile`` (an
 inductor build of each architecture's decode step, 10-40 s with a cold inductor cache, as in CI),
 ``tensor_parallel`` (two torchrun processes that import torch and transformers, about 11 s a cell) and
 ``flex_attention`` (its kernel compiled for each model's heads and mask, on the four models without sliding
@@ -20,7 +20,6 @@ reproduce the baseline's tokens on every architecture they run on.
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import subprocess
@@ -69,31 +68,6 @@ def test_cell(cell, opt_bench):
 '''
 
 
-def _preimport_architectures() -> None:
-    """Import every architecture's modeling module and inductor's CPU code generation here, before the inner
-    session starts: its memory readings collect garbage several times a test, and what is imported after the
-    session froze the long-lived objects is scanned by every collection (eight modeling modules: 136k objects,
-    0.4 s a collection; inductor's: 78k more), most of a cell's cost."""
-    import contextlib
-    import gc
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    for module in ("torch._inductor.compile_fx", "torch._inductor.codegen.cpp", "torch._inductor.codegen.cpp_wrapper_cpu",
-                   "torch._inductor.kernel.flex.flex_cpu"):
-        with contextlib.suppress(ImportError):  # moved in another torch: imported by the session then, slower
-            importlib.import_module(module)
-
-    for model in ARCHITECTURES:
-        with torch.device("meta"):
-            AutoModelForCausalLM.from_config(tiny_model_config(model))
-    # The session freezes once per process (engine/measure.py): where an earlier in-process session of this worker
-    # froze before these imports, they are frozen here, or every collection of the 160 cells scanned them again
-    gc.collect()
-    gc.freeze()
-
-
 def _cell(nodeid: str) -> tuple[str, str]:
     """(technique name, model) of a cell's test id."""
     inside = nodeid.split("[", 1)[1].rstrip("]")
@@ -108,7 +82,6 @@ def _arch(model: str) -> str:
 
 
 def test_every_technique_on_every_architecture_passes_or_says_why(run_user, pytester):
-    _preimport_architectures()
     run = run_user(MATRIX_TESTS.format(deferred=sorted(DEFERRED)), *MATRIX_ARGS)
     entries = {_cell(entry["nodeid"]): entry for entry in run.report["tests"]}
     names = build_registry().names()

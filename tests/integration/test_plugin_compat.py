@@ -104,13 +104,12 @@ def _split_ran_part_of_the_project(folder: Path, result: pytest.RunResult) -> No
 # pytest-xdist's default distribution (load) runs in the suite's shared `-n 2` session (tests/conftest.py
 # xdist_run); loadgroup, without xdist_group marks, schedules as load does: no row of its own (30 s of the suite)
 ROWS = {
-    # rows that need a fresh process share one where two plugins meet as teams run them (-n with --cov, -W error):
-    # each such session costs two workers' torch imports (~30 s of the suite's CPU)
-    "xdist-loadscope+W-error": Row(("-n", "2", "--dist", "loadscope", "-W", "error"), ("created: 2/2 workers",),
-                                   subprocess=True),
-    "xdist-worksteal+cov": Row(("-n", "2", "--dist", "worksteal", "--cov", ".", "--cov-report", "term"),
-                               ("created: 2/2 workers", "*coverage: platform*", "TOTAL*"), subprocess=True,
-                               check=_coverage_measured_the_project),
+    # the rows that need a fresh process are one, where the plugins meet as teams run them: each such session costs
+    # two workers' torch imports (~25 s of the suite's CPU). loadscope sends the one module to one worker, so the
+    # other ends with no test; worksteal moves tests between workers as load does (the shared session's)
+    "xdist-loadscope+W-error+cov": Row(("-n", "2", "--dist", "loadscope", "-W", "error", "--cov", ".", "--cov-report",
+                                        "term"), ("created: 2/2 workers", "*coverage: platform*", "TOTAL*"),
+                                       subprocess=True, check=_coverage_measured_the_project),
     "randomly": Row(("-p", "randomly", "--randomly-seed=1234"), ("Using --randomly-seed=1234",)),
     "rerunfailures": Row(("--reruns", "1"), ("*1 failed, 3 passed*1 rerun*",), extra_source=FLAKY_BUDGET_TEST,
                          check=_one_row_with_its_attempts),
