@@ -318,6 +318,17 @@ class OptModelChanged(OptLoadError):
             f"and loads it afresh for the next test")
 
 
+def _survival_probe(model: Any) -> Callable[[], object]:
+    """A call that returns the model while it is still alive (None once freed); an object without weak references
+    counts as alive, so that what holds it is collected with a thaw."""
+    if model is None:
+        return lambda: None
+    try:
+        return weakref.ref(model)
+    except TypeError:
+        return lambda: True  # not the model itself: that would keep it alive through the collection
+
+
 class ModelCache:
     """Loaded models by configuration, least recently used dropped first; counts loads for tests."""
 
@@ -357,7 +368,7 @@ class ModelCache:
             return
         # a model is freed by its reference count; one that is still alive after this, or compiled graphs that
         # held its weights, may be garbage the process froze alive (engine/measure.py): collected with a thaw
-        outlived = weakref.ref(loaded.model) if loaded.model is not None else lambda: None
+        outlived = _survival_probe(loaded.model)
         compiled = loaded.model is not None and drop_compiled_forward(loaded.model)
         loaded.model = None
         del loaded
