@@ -327,6 +327,29 @@ def _convert_once(final: Path, source: Path, what: str, detail: str, record: dic
     return build_once(final, DONE_FILE, what, detail, build)
 
 
+def _real_model_folder(spec: RealModelSpec) -> tuple[Path, Path, dict[str, Any]]:
+    """A built-in real model's converted folder in the model cache, its wheel's GGUF file and that file's identity.
+
+    Raises ``RealModelUnavailable`` when its wheel or ``gguf`` is not installed."""
+    source = gguf_source(spec)
+    identity = {"spec": asdict(spec), **_source_identity(source)}
+    # the wheel's file is fixed by its version: another venv or a reinstall needs no new conversion
+    fixed = {key: value for key, value in identity.items() if key not in ("file", "mtime_ns")}
+    digest = hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_root() / f"{spec.name}-{digest}", source, identity
+
+
+def _built_in_holding(source: Path) -> RealModelSpec | None:
+    """The built-in real model whose wheel's GGUF file ``source`` is, if any."""
+    for spec in REAL_MODELS.values():
+        try:
+            if gguf_source(spec).resolve() == source.resolve():
+                return spec
+        except RealModelUnavailable:
+            continue
+    return None
+
+
 def ensure_real_model(name: str) -> Path:
     """The converted folder of a built-in real model, converting on first use; safe across processes.
 
@@ -334,12 +357,7 @@ def ensure_real_model(name: str) -> Path:
     spec = REAL_MODELS.get(name)
     if spec is None:
         raise OptConfigError(f"unknown built-in real model {name!r}; built-in real models: {', '.join(REAL_MODELS)}")
-    source = gguf_source(spec)
-    identity = {"spec": asdict(spec), **_source_identity(source)}
-    # the wheel's file is fixed by its version: another venv or a reinstall needs no new conversion
-    fixed = {key: value for key, value in identity.items() if key not in ("file", "mtime_ns")}
-    digest = hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:12]
-    final = cache_root() / f"{name}-{digest}"
+    final, source, identity = _real_model_folder(spec)
     # what the estimate assumes is said: a busy machine took 89 s against "about 25 s"
     detail = (f"first use on this machine: converting {spec.gguf_file} to safetensors, "
               f"{estimate(CONVERT_S_2_CORES, 'an idle 2-core machine')}; cached in {final.parent} for later runs")
@@ -355,8 +373,12 @@ def _converted_gguf_folder(source: Path) -> tuple[Path, dict[str, Any]]:
 
 def ensure_converted_gguf(folder: str | Path, gguf_file: str) -> Path:
     """A user's GGUF converted to safetensors in the model cache (once per file version), for loads
-    transformers cannot do from a GGUF file (with a quantization_config)."""
+    transformers cannot do from a GGUF file (with a quantization_config). A built-in real model's own file (its
+    wheel's, named by path) is served by that model's conversion: one 500 MB float32 copy, not two."""
     source = Path(folder) / gguf_file
+    built_in = _built_in_holding(source)
+    if built_in is not None:
+        return ensure_real_model(built_in.name)
     final, identity = _converted_gguf_folder(source)
     detail = (f"first use of this file: de-quantizing it to float32 safetensors once, so every configuration "
               f"loads the same weights the same way; cached in {final.parent}")
@@ -370,7 +392,8 @@ def converted_gguf_copy(folder: str | Path, gguf_file: str) -> Path | None:
     source = Path(folder) / gguf_file
     if not source.is_file():  # a hub repository's file: transformers reads it where it is
         return None
-    final, _ = _converted_gguf_folder(source)
+    built_in = _built_in_holding(source)
+    final = _real_model_folder(built_in)[0] if built_in is not None else _converted_gguf_folder(source)[0]
     return final if (final / DONE_FILE).is_file() else None
 
 

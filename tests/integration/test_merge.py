@@ -58,7 +58,7 @@ def test_needs_a_gpu(opt_bench):
 
 CHEAP = (*FAST_ARGS, "--opt-rounds=1", "--opt-warmup=0", "-p", "no:randomly")
 SHARD_1 = ("test_user.py::test_sdpa", "test_user.py::test_static_cache")
-SHARD_2 = ("test_user.py::test_lengths", "test_user.py::test_two_calls")  # run under -n 2
+SHARD_2 = ("test_user.py::test_lengths", "test_user.py::test_two_calls")  # under xdist: one worker (two: xdist_run)
 SHARD_3 = ("-k", "over_budget or needs_a_gpu")
 H200 = "NVIDIA H200"
 COMPARED = ("nodeid", "outcome", "techniques", "baseline_techniques", "model", "hardware", "call", "failed_budgets",
@@ -90,7 +90,7 @@ def runs(pytester: pytest.Pytester, store: Path) -> dict[str, Path]:
 def _make_runs(pytester: pytest.Pytester, paths: dict[str, Path]) -> None:
     pytester.makepyfile(test_user=USER_TESTS)
     sessions = {"full": (pytester.runpytest, ()), "shard1": (pytester.runpytest, SHARD_1),
-                "shard2": (pytester.runpytest_subprocess, ("-n", "2", *SHARD_2)),
+                "shard2": (pytester.runpytest_subprocess, ("-n", "1", *SHARD_2)),
                 "shard3": (pytester.runpytest, SHARD_3)}
     for name, (run, selection) in sessions.items():
         written = pytester.path / f"{name}.json"
