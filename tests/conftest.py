@@ -103,9 +103,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before any fixture of the test is made: they are the test's, not frozen
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """What this worker holds between tests is frozen before each one. The plugin freezes the stack once per
-    process (engine/measure.py), as a user's one session needs; this worker's hundreds of in-process sessions
-    leave survivors behind that it never froze (25k objects after the first test, 107k after 90), and every
+    """What this worker holds between tests is frozen before each one. The plugin freezes the stack, and before each
+    test what was imported since (engine/measure.py), as a user's one session needs; this worker's hundreds of
+    in-process sessions leave survivors behind that it never froze (25k objects after the first test, 107k after 90), and every
     memory reading's full collection scanned them: 10 ms, then 130 ms each, several times a test. A test's own
     collection then scans only what the test made (1 ms), and three files' 93 tests ran in 14 s, not 20.
     Collected first, so nothing dead is frozen."""
