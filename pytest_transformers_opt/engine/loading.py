@@ -318,17 +318,6 @@ class OptModelChanged(OptLoadError):
             f"and loads it afresh for the next test")
 
 
-def _survival_probe(model: Any) -> Callable[[], object]:
-    """A call that returns the model while it is still alive (None once freed); an object without weak references
-    counts as alive, so that what holds it is collected with a thaw."""
-    if model is None:
-        return lambda: None
-    try:
-        return weakref.ref(model)
-    except TypeError:
-        return lambda: True  # not the model itself: that would keep it alive through the collection
-
-
 class ModelCache:
     """Loaded models by configuration, least recently used dropped first; counts loads for tests."""
 
@@ -368,13 +357,13 @@ class ModelCache:
             return
         # a model is freed by its reference count; one that is still alive after this, or compiled graphs that
         # held its weights, may be garbage the process froze alive (engine/measure.py): collected with a thaw
-        outlived = _survival_probe(loaded.model)
+        outlived = weakref.ref(loaded.model) if loaded.model is not None else None  # an nn.Module: weakly referable
         compiled = loaded.model is not None and drop_compiled_forward(loaded.model)
         loaded.model = None
         del loaded
         if compiled:
             reset_compiled_graphs()  # compiled graphs hold references to the old weights
-        release_memory(self.device, thaw=compiled or outlived() is not None)
+        release_memory(self.device, thaw=compiled or (outlived is not None and outlived() is not None))
 
     def clear(self) -> None:
         for key in list(self._models):
