@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_transformers_opt.report.compare import Threshold  # noqa: E402
+from pytest_transformers_opt.verdict.compare import Threshold  # noqa: E402
 from pytest_transformers_opt.session import OptSession  # noqa: E402
 from pytest_transformers_opt.verdict.ab_rounds import ab_keep_going  # noqa: E402
 from pytest_transformers_opt.verdict.sequential import AUTO_ROUNDS, RoundsDecision  # noqa: E402

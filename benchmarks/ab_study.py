@@ -206,8 +206,8 @@ class ABRow:
 def ab_rows(report: dict[str, Any], ab_fail: str | None = None) -> list[ABRow]:
     """Every test row of a JSON report with its ``ab`` record (``verdict``, ``figures``, ``similarity``, ``note``);
     with ``ab_fail``, each judged record judged again on unpaired rounds (Mann-Whitney, the rule before pairs)."""
-    from pytest_transformers_opt.report.ab import judge_ab
-    from pytest_transformers_opt.report.compare import parse_compare_fail
+    from pytest_transformers_opt.verdict.ab import judge_ab
+    from pytest_transformers_opt.verdict.compare import parse_compare_fail
 
     thresholds = parse_compare_fail(ab_fail, "--ab-fail") if ab_fail else []
     rows = []
@@ -335,7 +335,7 @@ def study_table(sessions: Sequence[Session], *, command: str, model: str, techni
 
 
 def _fmt_figure(metric: str, value: Any) -> str:
-    from pytest_transformers_opt.report.compare import METRICS
+    from pytest_transformers_opt.verdict.compare import METRICS
 
     if not isinstance(value, (int, float)):
         return "-"

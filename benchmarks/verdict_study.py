@@ -20,6 +20,17 @@ silent fallback). Budgets run in warn mode so that every run reports its figures
 median and min-max over the prompt sets:
 ``python benchmarks/verdict_study.py --similarity [--sets 4] [--broken-sets 1] [--models a,b] [--skip LABELS]``.
 
+``--dtypes`` picks the dtypes (default ``float32,bfloat16``). Each row also says how many runs the default
+budgets would fail under enforce (``failed``: a similarity budget, judged with its sample size and near-ties
+as the plugin judges it, or an error), the flips of top-1 in the compared steps and how many were near-ties.
+
+``--near-tie-gaps`` measures what the near-tie gap of each dtype is set from
+(``similarity.NEAR_TIE_GAPS``): the baseline (eager attention) decodes each prompt set greedily, SDPA decodes
+the same tokens (forced), and at every position the log-probability gap between the baseline's top token and
+each of its next four moves by ``pair_gap_move``; a row per dtype gives the moves' median, 99th percentile
+and maximum, and every top-1 flip with the baseline's own gap:
+``python benchmarks/verdict_study.py --near-tie-gaps [--models smollm2-135m] [--dtypes float32,bfloat16,float16]``.
+
 ``--compare`` measures the cross-run gate instead: one reference session, then ``--runs`` null sessions
 (the same test again) and ``--runs`` sessions of the same test 25% slower (``--compare-slowdown``), in
 alternation, each a real pytest session compared with the reference through ``--opt-compare=ref.json
@@ -250,12 +261,13 @@ DTYPES = ("float32", "bfloat16")
 
 
 def _similarity_cases(sets: int, models: tuple[str, ...], skip: frozenset[str], broken_sets: int = 1,
-                      only: frozenset[str] = frozenset()) -> list[tuple[str, str, str, str, str, int]]:
+                      only: frozenset[str] = frozenset(), dtypes: tuple[str, ...] = DTYPES,
+                      ) -> list[tuple[str, str, str, str, str, int]]:
     """(case id, model, dtype, label, technique expression, prompt set), grouped so that each loaded model
     serves its tests in a row (the session keeps only 3 loaded)."""
     cases = []
     for model in models:
-        for dtype in DTYPES:
+        for dtype in dtypes:
             rows = [(label, expr, sets) for label, _, expr in HEALTHY if label not in skip]
             if model == BROKEN_MODEL:  # far from healthy figures: fewer prompt sets tell enough
                 rows += [(label, expr, broken_sets) for label, expr in BROKEN if label not in skip]
@@ -307,19 +319,25 @@ def similarity_session(conftest: str, tests: str, label_of: dict[str, tuple[str,
                      "why": test.get("skip_reason") or next(iter((test.get("error") or "").strip().splitlines()), ""),
                      "kl": similarity.get("kl_mean"), "top1": similarity.get("top1"),
                      "token_match": similarity.get("token_match"),
+                     "steps": similarity.get("compared_steps"), "flips": similarity.get("top1_flips"),
+                     "near_tie_flips": similarity.get("near_tie_flips"),
+                     # what enforce would have said: a budget failed (warn mode records it), or the test failed
+                     "failed": test["outcome"] in ("failed", "error") or bool(test.get("failed_budgets")),
+                     "failed_budgets": list(test.get("failed_budgets") or []),
                      "budgets": {b["name"]: b["limit"] for b in test.get("budgets") or []}})
     return rows
 
 
 def run_similarity(sets: int, max_new_tokens: int, models: tuple[str, ...], skip: frozenset[str],
-                   extra_args: list[str], broken_sets: int = 1, only: frozenset[str] = frozenset()) -> dict:
+                   extra_args: list[str], broken_sets: int = 1, only: frozenset[str] = frozenset(),
+                   dtypes: tuple[str, ...] = DTYPES) -> dict:
     """One pytest session per model, budgets in warn mode so that every run reports its figures."""
     label_of = {case: (model, dtype, label)
-                for case, model, dtype, label, _, _ in _similarity_cases(sets, models, skip, broken_sets, only)}
+                for case, model, dtype, label, _, _ in _similarity_cases(sets, models, skip, broken_sets, only, dtypes)}
     rows: list[dict] = []
     started = time.perf_counter()
     for model in models:
-        cases = _similarity_cases(sets, (model,), skip, broken_sets, only)
+        cases = _similarity_cases(sets, (model,), skip, broken_sets, only, dtypes)
         rows += similarity_session(CONFTEST, _similarity_tests(cases, max_new_tokens), label_of, extra_args,
                                    "verdict-study-sim-")
     return {"rows": rows, "seconds": time.perf_counter() - started}
@@ -345,14 +363,104 @@ def similarity_table(result: dict, sets: int, max_new_tokens: int) -> str:
     klass |= {f"{base} + {breakage}": f"breakage on {klass[base]}" for base in STACKED_ON for breakage in STACKED_BREAKAGE}
     lines = [f"{sets} prompt set(s) (breakage: fewer, see runs) x 3 prompts, max_new_tokens={max_new_tokens}, rounds=1 warmup=0, "
              f"--opt-budgets=warn ({result['seconds']:.0f} s); each cell: median (min-max) over the prompt sets", "",
-             "| model | dtype | technique | class | runs | KL mean | top-1 | token_match | outcome |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | dtype | technique | class | runs | KL mean | top-1 | flips (near-ties) / steps | token_match | "
+             "failed under enforce | outcome |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (model, dtype, label), rows in groups.items():
         outcomes = sorted({r["outcome"] for r in rows})
         why = next((r["why"] for r in rows if r["outcome"] != "passed" and r["why"]), "")
         outcome = ", ".join(outcomes) + (f": {why[:90]}" if why else "")
+        flips = ", ".join(f"{r.get('flips')} ({r.get('near_tie_flips')}) / {r.get('steps')}" if r.get("flips") is not None
+                          else "-" for r in rows)
+        failed = sum(r.get("failed", False) for r in rows)
+        names = sorted({name for r in rows for name in r.get("failed_budgets", [])})
         lines.append(f"| {model} | {dtype} | {label} | {klass[label]} | {len(rows)} | {_spread([r['kl'] for r in rows])} | "
-                     f"{_spread([r['top1'] for r in rows])} | {_spread([r['token_match'] for r in rows])} | {outcome} |")
+                     f"{_spread([r['top1'] for r in rows])} | {flips} | {_spread([r['token_match'] for r in rows])} | "
+                     f"{failed} / {len(rows)}" + (f" ({', '.join(names)})" if names else "") + f" | {outcome} |")
+    return "\n".join(lines)
+
+
+# --- near-tie gaps: how far rounding moves a token pair's log-probability gap, by dtype ------------------
+NEAR_TIE_PARTNERS = 4  # the baseline's top token against each of its next four
+
+
+def _forced_logprobs(model, encoded, max_new_tokens: int, pad_token_id: int, force=None):
+    """Greedy tokens and raw log-probabilities per position, as the plugin's generation reads them; with
+    ``force``, the given tokens decoded instead (``generation.ForceTokens``)."""
+    import torch
+
+    from pytest_transformers_opt.engine.generation import NEVER_STOP, ForceTokens
+
+    prompt_length = encoded["input_ids"].shape[1]
+    processors = [ForceTokens(force, prompt_length)] if force is not None else []
+    with torch.inference_mode():
+        output = model.generate(**encoded, max_new_tokens=max_new_tokens, eos_token_id=NEVER_STOP, do_sample=False,
+                                pad_token_id=pad_token_id, return_dict_in_generate=True, output_logits=True,
+                                logits_processor=processors)
+    logprobs = torch.stack(output.logits, dim=1).double().log_softmax(-1)
+    return output.sequences[:, prompt_length:].tolist(), logprobs
+
+
+def run_near_tie_gaps(models: tuple[str, ...], dtypes: tuple[str, ...], sets: int, max_new_tokens: int) -> dict:
+    """Eager (the baseline) against SDPA at identical contexts, per model and dtype: the move of every pair
+    (the baseline's top token, one of its next ``NEAR_TIE_PARTNERS``) and every top-1 flip."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pytest_transformers_opt.engine.loading import ModelRequest, load_tokenizer, resolve_model_path
+    from pytest_transformers_opt.verdict.similarity import pair_gap_move
+
+    torch.manual_seed(0)
+    rows = []
+    started = time.perf_counter()
+    for name in models:
+        request = ModelRequest(name)
+        path = resolve_model_path(request)
+        tokenizer = load_tokenizer(path, request)
+        for dtype in dtypes:
+            models_by_kernel = {kernel: AutoModelForCausalLM.from_pretrained(
+                path, dtype=getattr(torch, dtype), attn_implementation=kernel).eval() for kernel in ("eager", "sdpa")}
+            moves: list[float] = []
+            flips: list[dict] = []
+            for prompts in PROMPT_SETS[:sets]:
+                encoded = tokenizer(list(prompts), return_tensors="pt", padding=True)
+                tokens, base = _forced_logprobs(models_by_kernel["eager"], encoded, max_new_tokens,
+                                                tokenizer.pad_token_id)
+                _, opt = _forced_logprobs(models_by_kernel["sdpa"], encoded, max_new_tokens, tokenizer.pad_token_id,
+                                          force=tokens)
+                top = base.topk(NEAR_TIE_PARTNERS + 1, dim=-1).indices
+                for row in range(base.shape[0]):
+                    for step in range(base.shape[1]):
+                        b, o = base[row, step], opt[row, step]
+                        first = int(top[row, step, 0])
+                        for partner in top[row, step, 1:].tolist():
+                            moves.append(abs(pair_gap_move(float(b[first]), float(b[partner]),
+                                                           float(o[first]), float(o[partner]))))
+                        picked = int(o.argmax())
+                        if picked != first:
+                            flips.append({"baseline_gap": float(b[first] - b[picked]),
+                                          "move": pair_gap_move(float(b[first]), float(b[picked]),
+                                                                float(o[first]), float(o[picked]))})
+            rows.append({"model": name, "dtype": dtype, "steps": sets * 3 * max_new_tokens, "moves": moves,
+                         "flips": flips})
+            del models_by_kernel
+    return {"rows": rows, "seconds": time.perf_counter() - started}
+
+
+def near_tie_table(result: dict, sets: int, max_new_tokens: int) -> str:
+    import statistics
+
+    lines = [f"eager (baseline) vs SDPA decoding the same tokens, {sets} prompt set(s) x 3 prompts x {max_new_tokens} "
+             f"positions ({result['seconds']:.0f} s); move = |pair_gap_move| for the baseline's top token against each "
+             f"of its next {NEAR_TIE_PARTNERS}, in nats", "",
+             "| model | dtype | positions | pairs | move median | move p99 | move max | top-1 flips: (baseline gap, move) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in result["rows"]:
+        moves = sorted(row["moves"])
+        p99 = moves[min(len(moves) - 1, int(0.99 * len(moves)))]
+        flips = "; ".join(f"({f['baseline_gap']:.3g}, {f['move']:.3g})" for f in row["flips"]) or "none"
+        lines.append(f"| {row['model']} | {row['dtype']} | {row['steps']} | {len(moves)} | {statistics.median(moves):.3g} | "
+                     f"{p99:.3g} | {moves[-1]:.3g} | {flips} |")
     return "\n".join(lines)
 
 
@@ -421,7 +529,7 @@ def _compare_session(root: Path, report: Path, slowdown: float, extra_args: list
 def run_compare(runs: int, slowdown: float, compare_fail: str, extra_args: list[str]) -> dict:
     """One reference session, then null and slowed sessions in alternation (so drift on the shared
     machine falls on both), each compared with the reference."""
-    from pytest_transformers_opt.report.compare import METRICS, parse_compare_fail
+    from pytest_transformers_opt.verdict.compare import METRICS, parse_compare_fail
 
     (threshold,) = parse_compare_fail(compare_fail)
     rows: list[dict] = []
@@ -499,9 +607,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sets", type=int, default=len(PROMPT_SETS), help="similarity: prompt sets (1 to 4)")
     parser.add_argument("--broken-sets", type=int, default=1, help="similarity: prompt sets per injected breakage")
     parser.add_argument("--max-new-tokens", type=int, default=24, help="similarity: tokens per prompt")
-    parser.add_argument("--models", default=",".join(SIMILARITY_MODELS), help="similarity: comma-separated")
+    parser.add_argument("--models", default=None,
+                        help=f"similarity: comma-separated (default {','.join(SIMILARITY_MODELS)}); near-tie gaps: "
+                             f"default {BROKEN_MODEL}")
     parser.add_argument("--skip", default="", help="similarity: comma-separated technique labels to leave out")
     parser.add_argument("--only", default="", help="similarity: comma-separated labels to keep (all when empty)")
+    parser.add_argument("--dtypes", default=",".join(DTYPES),
+                        help="similarity and near-tie gaps: comma-separated dtypes (float32, bfloat16, float16)")
+    parser.add_argument("--near-tie-gaps", action="store_true",
+                        help="instead: how far eager vs SDPA moves a token pair's log-probability gap, by dtype")
     parser.add_argument("--compare", action="store_true",
                         help="instead: --opt-compare-fail on real sessions, null re-runs and injected slowdowns")
     parser.add_argument("--runs", type=int, default=20, help="compare: null sessions, and as many slowed ones")
@@ -517,15 +631,27 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             args.out.write_text(text + "\n")
         return 0
+    dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+    unknown = [d for d in dtypes if d not in ("float32", "bfloat16", "float16")]
+    if unknown:
+        parser.error(f"--dtypes: unknown {', '.join(unknown)}; accepted: float32, bfloat16, float16")
+    if args.near_tie_gaps:
+        sets = max(1, min(args.sets, len(PROMPT_SETS)))
+        models = tuple(m for m in (args.models or BROKEN_MODEL).split(",") if m)
+        text = near_tie_table(run_near_tie_gaps(models, dtypes, sets, args.max_new_tokens), sets, args.max_new_tokens)
+        print(text)
+        if args.out:
+            args.out.write_text(text + "\n")
+        return 0
     if args.similarity:
         sets = max(1, min(args.sets, len(PROMPT_SETS)))
-        models = tuple(m for m in args.models.split(",") if m)
+        models = tuple(m for m in (args.models or ",".join(SIMILARITY_MODELS)).split(",") if m)
         # commas inside a label's parentheses, quantized_cache(quanto,4), do not separate labels
         skip = frozenset(s.strip() for s in re.split(r",(?![^()]*\))", args.skip) if s.strip())
         only = frozenset(s.strip() for s in re.split(r",(?![^()]*\))", args.only) if s.strip())
         broken_sets = max(1, min(args.broken_sets, len(PROMPT_SETS)))
         text = similarity_table(run_similarity(sets, args.max_new_tokens, models, skip, args.pytest_args,
-                                               broken_sets, only), sets, args.max_new_tokens)
+                                               broken_sets, only, dtypes), sets, args.max_new_tokens)
         print(text)
         if args.out:
             args.out.write_text(text + "\n")

@@ -32,7 +32,7 @@ from .units import SIZE_FORMS, parse_non_negative_int, parse_size
 from .verdict.stats import DEFAULT_COMPARE_WINDOW, MAX_COMPARE_WINDOW, MIN_WINDOW_RUNS, compare_window_size
 
 if TYPE_CHECKING:
-    from .report.compare import Threshold
+    from .verdict.compare import Threshold
 
 PROG = "pytest-opt"
 
@@ -110,12 +110,15 @@ def _add_init(commands: Any) -> None:
         description=textwrap.fill(
             "Write into the project's folder: tests/test_optimizations.py (one test for each of the 3 changes the "
             "advisor picks for the model, budgets not yet measured left as comments), the plugin's settings (a "
-            "[tool.pytest.ini_options] table appended to pyproject.toml, else a pytest.ini) and "
-            ".github/workflows/gpu-gate.yml. Then run pytest there.", 79),
+            "[tool.pytest.ini_options] table appended to pyproject.toml in its own line endings, else a "
+            "pytest.ini), .github/workflows/gpu-gate.yml (the GPU gate: main's runs recorded in the Actions "
+            "cache, each pull request judged against their window) and, when the project has no actionlint "
+            "configuration, .github/actionlint.yaml naming the runner's label. Then run pytest there.", 79),
         epilog=textwrap.fill(
-            "Exit status: 0 written; 1 refused: a target exists, or pytest settings exist elsewhere (each named "
-            "on stderr), and nothing was written; 2 bad usage (one line naming the option and the accepted "
-            "forms).", 79),
+            "Exit status: 0 written; 1 refused: a target exists, pytest settings exist elsewhere (pytest.ini, "
+            "pyproject.toml's [tool.pytest] or [tool.pytest.ini_options], tox.ini, setup.cfg), or pyproject.toml "
+            "is not valid TOML (each named on stderr), and nothing was written; 2 bad usage (one line naming the "
+            "option and the accepted forms).", 79),
     )
     init.add_argument("--model", metavar="NAME",
                       help="the model the tests load: a built-in model (default tiny-random-llama), a model folder "
@@ -173,7 +176,7 @@ _OTAVA_YAML = """\
       type: csv
       file: sdpa.csv
       time_column: time
-      attributes: [commit]
+      attributes: [commit, test, hardware, model, dtype, techniques, workload]
       metrics:
         latency: {direction: -1}      # lower is better
         peak_memory: {direction: -1}
@@ -186,25 +189,31 @@ def _add_history(commands: Any) -> None:
         "history",
         help="the change points of a recorded history (pytest --opt-history=DIR), dated by run and commit",
         description=textwrap.fill(
-            "Find where each test's figures moved in a history folder written by pytest --opt-history=DIR: per "
-            "test and hardware and figure, each change point's first run after the change (its time and commit, "
+            "Find where each test's figures moved in a history folder written by pytest --opt-history=DIR. A "
+            "series is one test on one hardware with one model (name, revision, dtype, arguments), techniques "
+            "and workload: runs of another model under the same test id are another series, named on its own "
+            "line. Per series and figure: each change point's first run after the change (its time and commit, "
             "and the commit range since the run before), its size (the ratio of the medians after and before, "
-            "with a 95% bootstrap interval) and how sure it is (a permutation p-value). Change points are "
-            "proposed by ruptures (binary segmentation) and kept at p <= 0.001; a change needs 3 runs on each "
-            "side, so a history needs 6 runs (the last run against its reference is pytest --opt-compare's "
-            "job). Needs the history extra: pip install \"pytest-transformers-opt[history]\".", 79),
+            "with a 95% bootstrap interval) and how sure it is (a p-value). Change points are proposed by "
+            "ruptures (binary segmentation) and kept at p <= 0.001 by a t-test of the split (as Apache Otava's) "
+            "or a permutation test of the ranks. A change needs 3 runs on each side, so a series needs 6 runs: "
+            "from 6 runs a step of +60% among a few percent of noise is found; a +20% step needs about 10 runs "
+            "and a +10% one 20 (benchmarks/RESULTS.md). The last run against its reference is pytest "
+            "--opt-compare's job. Needs the history extra: pip install \"pytest-transformers-opt[history]\".", 79),
         epilog="\n\n".join([
             textwrap.fill(
                 "Figures (--metric): latency is optimized.latency_s (seconds), peak_memory "
                 "optimized.peak_memory_bytes (bytes), kl_mean similarity.kl_mean, speedup the speedup over the "
                 "baseline. A run where a figure is missing or not finite is left out of that figure's series.", 79),
             textwrap.fill(
-                "--format otava-csv writes one test's runs as Apache Otava's CSV importer reads them: a header "
-                "time,commit,<figure>..., one row per run, oldest first, the time in ISO 8601 with its zone "
-                "(UTC). Otava reads one test per CSV file, so --test (and --hardware where the test ran on "
-                "several) must select exactly one; and since Otava converts every figure cell to a number, a "
-                "run missing one of the figures written is left out (choose them with --metric). An otava.yaml "
-                "for it:", 79) + "\n" + _OTAVA_YAML,
+                "--format otava-csv writes one series' runs as Apache Otava's CSV importer reads them: a header "
+                "time,commit,test,hardware,model,revision,dtype,model_arguments,techniques,baseline,workload,"
+                "<figure>..., one row per run, oldest first, the time in ISO 8601 with its zone (UTC); the "
+                "columns after commit name the series (the same on every row). Otava reads one series per CSV "
+                "file, so --test (with --hardware and --series where the test has several series) must select "
+                "exactly one; and since Otava converts every figure cell to a number, a run missing one of the "
+                "figures written is left out (choose them with --metric). An otava.yaml for it:", 79)
+            + "\n" + _OTAVA_YAML,
             textwrap.fill(
                 "Exit status: 0 the history was read (this command reports, it does not gate: use pytest "
                 "--opt-compare=DIR for that); 2 bad usage, a missing folder or one with no readable recorded "
@@ -219,6 +228,9 @@ def _add_history(commands: Any) -> None:
                               "full node id selects that test alone")
     history.add_argument("--hardware", metavar="TEXT",
                          help="only tests run on hardware whose fingerprint contains TEXT (e.g. H100, or CPU)")
+    history.add_argument("--series", metavar="TEXT",
+                         help="only series whose name (model, dtype, techniques and workload, as the output names "
+                              "each) contains TEXT (e.g. tiny-random-gpt2, or bfloat16)")
     history.add_argument("--metric", action="append", choices=HISTORY_METRICS, metavar="NAME",
                          help=f"the figure to follow: {', '.join(HISTORY_METRICS)}; repeat for several. "
                               f"Default: all four")
@@ -266,19 +278,20 @@ def run_history(args: argparse.Namespace) -> int:
         count = len(history.left_out)
         raise OptConfigError(f"none of the {count} recorded run{'s' if count != 1 else ''} read in {args.folder!r} "
                              f"could be used (each is named above)")
-    tracks = changepoints.select_tracks(changepoints.tracked_tests(history), test=args.test, hardware=args.hardware)
-    if not tracks and (args.test is not None or args.hardware is not None):
-        chosen = " and ".join(f"{option} {value!r}" for option, value in (("--test", args.test),
-                                                                         ("--hardware", args.hardware)) if value)
+    tracks = changepoints.select_tracks(changepoints.tracked_tests(history), test=args.test, hardware=args.hardware,
+                                        series=args.series)
+    filters = (("--test", args.test), ("--hardware", args.hardware), ("--series", args.series))
+    if not tracks and any(value is not None for _, value in filters):
+        chosen = " and ".join(f"{option} {value!r}" for option, value in filters if value is not None)
         raise OptConfigError(f"{chosen}: no measured test of the {len(history.runs)} runs read matches")
     if not tracks and output == "otava-csv":
         raise OptConfigError(f"--format otava-csv: no measured test in the {len(history.runs)} runs read")
     metrics = args.metric or list(HISTORY_METRICS)
     if output == "otava-csv":
         if len(tracks) != 1:
-            names = ", ".join(track.label for track in tracks[:4]) + (", ..." if len(tracks) > 4 else "")
-            raise OptConfigError(f"--format otava-csv: Otava reads one test per CSV file and {len(tracks)} tests "
-                                 f"match ({names}); select one with --test (and --hardware)")
+            names = "; ".join(track.label for track in tracks[:4]) + ("; ..." if len(tracks) > 4 else "")
+            raise OptConfigError(f"--format otava-csv: Otava reads one series per CSV file and {len(tracks)} series "
+                                 f"match ({names}); select one with --test (and --hardware, --series)")
         sys.stdout.write(changepoints.otava_csv(tracks[0], metrics))
         return 0
     first, last = history.runs[0].name, history.runs[-1].name
@@ -294,15 +307,19 @@ def run_history(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(document, indent=1, allow_nan=False) + "\n")
         return 0
     runs = len(history.runs)
+    tests = len({track.nodeid for track in tracks})
     print(f"history {history.folder}: {runs} run{'s' if runs != 1 else ''} read ({span}), {len(tracks)} "
-          f"test{'s' if len(tracks) != 1 else ''} on their hardware", flush=True)
+          f"series of {tests} test{'s' if tests != 1 else ''} (a series: one hardware, model, techniques and "
+          f"workload)", flush=True)
     found = analysed = 0
-    for track in tracks:  # a line per series as it is analysed: a long history shows progress
+    for track in tracks:  # lines per series as it is analysed: a long history shows progress
+        print(changepoints.heading(track), flush=True)
         for analysis in changepoints.analyse_track(track, metrics):
             analysed += 1
             found += len(analysis.change_points)
-            print("\n".join(changepoints.describe(analysis)), flush=True)
-    print(f"{found} change point{'s' if found != 1 else ''} in {analysed} series")
+            print("\n".join(f"  {line}" for line in changepoints.describe(analysis)), flush=True)
+    print(f"{found} change point{'s' if found != 1 else ''} in {analysed} figure{'s' if analysed != 1 else ''} of "
+          f"{len(tracks)} series")
     return 0
 
 
@@ -414,7 +431,8 @@ def _merge_verdicts(args: argparse.Namespace, merged: dict[str, Any], old: dict[
                     thresholds: list["Threshold"]) -> tuple[list[str], str | None]:
     """--compare: the verdicts written into ``merged``, the terminal lines, and why the gate fails (None: it
     passes, or there is no gate)."""
-    from .report.compare import attach_verdicts, compare_reports, nothing_judged, summarise
+    from .report.compare import summarise
+    from .verdict.compare import attach_verdicts, compare_reports, nothing_judged
 
     first_run = False
     if old is not None:
@@ -440,7 +458,8 @@ def _merge_verdicts(args: argparse.Namespace, merged: dict[str, Any], old: dict[
 
 def run_merge(args: argparse.Namespace) -> int:
     # Lazy: the report stage is not needed by advise.
-    from .report.compare import load_compare_report, parse_compare_fail
+    from .report.compare import load_compare_report
+    from .verdict.compare import parse_compare_fail
     from .report.merge import load_shards, merge_reports
     from .report.schema import report_text
 

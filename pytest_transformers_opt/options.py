@@ -28,7 +28,7 @@ from .errors import OptConfigError
 from .units import parse_non_negative_int
 
 if TYPE_CHECKING:
-    from .report.compare import Threshold
+    from .verdict.compare import Threshold
 
 DEFAULT_MODEL = "tiny-random-llama"
 
@@ -425,7 +425,8 @@ def _load_compare(values: dict[str, Any], sources: Mapping[str, str], notes: lis
     folder is read at the end, where a bad file in it is left out and named). A gate without a report to
     compare with is an error when typed on the command line; set project-wide (ini, environment) it is a note,
     and this run has no gate. So is a window size typed on the command line without a history folder."""
-    from .report.compare import COMPARE_REMEDY, load_compare_report, parse_compare_fail
+    from .report.compare import COMPARE_REMEDY, load_compare_report
+    from .verdict.compare import parse_compare_fail
 
     thresholds: list[Threshold] = []
     compare = values.get("compare")
@@ -479,7 +480,7 @@ def _ab_thresholds(config: pytest.Config, values: dict[str, Any], sources: Mappi
         values["ab"] = os.path.normpath(path if path.is_absolute() else base / path)
     if not values.get("ab_fail"):
         return []
-    from .report.compare import parse_compare_fail
+    from .verdict.compare import parse_compare_fail
     from .verdict.ab import check_ab_thresholds
 
     try:

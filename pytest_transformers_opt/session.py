@@ -9,6 +9,8 @@ it in ``pytest_configure`` and hands each hook's work to it or to the report wri
 from __future__ import annotations
 
 import os
+import platform
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generator
 
@@ -87,6 +89,9 @@ class OptSession:
         self._compile_counts: dict[str, tuple[int, int]] = {}  # test id -> cache (hits, misses) at its setup
         self._reference_worker: Any = None  # --opt-ab: engine.ab_client.ReferenceWorker, started on first use
         self._reference_unusable: str | None = None  # --opt-ab: why the reference cannot be used, once found
+        # --opt-ab: (why, its stack) once a worker stopped answering and was killed: no other is started
+        self.reference_gone: tuple[str, dict[str, Any]] | None = None
+        self._ab_candidate: dict[str, Any] | None = None
 
     # -- lazily built pieces ------------------------------------------------------------------------
     @property
@@ -460,6 +465,23 @@ class OptSession:
         self._reference_unusable = f"--opt-ab: the reference environment cannot be used: {exc.reason}"
         return self._reference_unusable
 
+    def reference_stopped_answering(self, why: str, stack: dict[str, Any]) -> None:
+        """A request got no answer within its limit and the worker was killed: later tests start no other (each
+        would hang as long), and their A/B is not comparable, saying ``why``."""
+        self.reference_gone = (why, stack)
+        self.forget_reference_worker()
+
+    @property
+    def ab_candidate(self) -> dict[str, Any]:
+        """This environment's stack, as the reference's is recorded (``report.ab.complete_ab``): its interpreter,
+        its Python and every distribution it can import, so any package bump between the two shows."""
+        if self._ab_candidate is None:
+            from .engine.ab_worker import installed_distributions
+
+            self._ab_candidate = {"python": sys.executable, "python_version": platform.python_version(),
+                                  "versions": installed_distributions(), "complete": True}
+        return self._ab_candidate
+
     def forget_reference_worker(self) -> None:
         """Stop (if still running) and drop the worker: the next A/B test starts a new one."""
         worker, self._reference_worker = self._reference_worker, None
@@ -472,10 +494,10 @@ class OptSession:
         """One ``--opt-ab-fail`` threshold's verdict on the rounds so far, by the gate's own rule (``report.ab``),
         and the (reference, candidate) rounds it judged as pairs; None where it did not judge pairs. The rounds
         loop (``verdict.ab_rounds``) asks it after each round: the rule lives with the report's verdicts."""
-        from .report.ab import AB_SIDES_PAIRED
-        from .report.compare import PAIRED_RULE, judge_threshold, round_samples
+        from .verdict.compare import PAIRED_RULE, Sides, judge_threshold, round_samples
 
-        verdict, _, record = judge_threshold(threshold, reference, candidate, AB_SIDES_PAIRED)
+        sides = Sides(old="reference", new="candidate", record="side", paired=True)
+        verdict, _, record = judge_threshold(threshold, reference, candidate, sides)
         before, after = round_samples(reference, threshold.metric), round_samples(candidate, threshold.metric)
         if record is None or record.get("rule") != PAIRED_RULE or before is None or after is None:
             return verdict, None

@@ -10,6 +10,7 @@ concurrent serving) or says that no further change is needed.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from .workload import ServingScenario, capability_text, merge_hardware, parse_co
 
 FROM_REPORT_REMEDY = "accepted: a report written by pytest --opt-report-json=PATH"
 MEMORY_BUDGETS = ("max_memory", "max_memory_ratio")
+FLOAT32 = "float32"
 _OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cannot allocate memory", re.I)
 _METRICS = (("peak_memory_bytes", "peak memory", "bytes"), ("latency_s", "latency (median)", "s"),
             ("ttft_s", "time to first token", "s"), ("tpot_s", "time per output token", "s"),
@@ -115,6 +117,18 @@ def _budget_limit(test: dict[str, Any], name: str) -> float | None:
     return None
 
 
+def _user_budget_limit(test: dict[str, Any], name: str, defaults: dict[str, float]) -> float | None:
+    """The limit of budget ``name`` when the user set it (marker or ini), not the technique's default: read
+    from the budget's ``source``, or, in a report without one, from its differing from ``defaults``."""
+    for budget in test.get("budgets") or []:
+        if budget.get("name") != name or not isinstance(budget.get("limit"), (int, float)):
+            continue
+        source = budget.get("source")
+        user_set = source in ("marker", "ini") if source else defaults.get(name) != budget["limit"]
+        return float(budget["limit"]) if user_set else None
+    return None
+
+
 def _pick_test(tests: list[dict[str, Any]], model: str | None) -> tuple[dict[str, Any] | None, list[str]]:
     """The record that decides the next step: the first failure, else the passing run furthest along
     (most technique families stacked; then the best speedup, then the smallest memory ratio)."""
@@ -181,7 +195,7 @@ def _next_memory(stack: list[Change], shape: ModelShape | None, dtype: str,
     return Change("tensor_parallel", {"tp_size": 2}), "No single-GPU memory step is left: split the model over 2 GPUs."
 
 
-def _next_quality(stack: list[Change]) -> tuple[Change | None, str, list[Change]]:
+def _next_quality(stack: list[Change], dtype: str) -> tuple[Change | None, str, list[Change]]:
     names = {change.name: change for change in stack}
     if "bnb_4bit" in names:
         return Change("bnb_8bit"), "4-bit weights missed the similarity budget: 8-bit weights lose less.", \
@@ -198,9 +212,13 @@ def _next_quality(stack: list[Change]) -> tuple[Change | None, str, list[Change]
         tp = Change("tensor_parallel", {"tp_size": 2})
         return tp, ("8-bit weights missed the similarity budget: keep full-precision weights and split them over "
                     "2 GPUs instead."), [c for c in stack if c.family != QUANTIZATION] + [tp]
-    strict = ", ".join(f"{name}={limit:g}" for name, limit in default_similarity(stack, "float32").items())
-    return None, (f"A lossless technique missed its similarity budget: rerun in float32 (budgets {strict}) to tell "
-                  f"numerical noise from a bug; no new technique is proposed."), stack
+    strict = ", ".join(f"{name}={limit:g}" for name, limit in default_similarity(stack, FLOAT32).items())
+    if dtype == FLOAT32:  # no rounding to blame: never propose again the configuration that just failed
+        return None, (f"A lossless technique missed its similarity budget in float32 (budgets {strict}), where "
+                      f"rounding cannot explain it: the technique or its kernel changes the outputs; fix or drop "
+                      f"it; no new technique is proposed."), []
+    return None, (f"A lossless technique missed its similarity budget in {dtype}: rerun in float32 (budgets "
+                  f"{strict}) to tell numerical noise from a bug; no new technique is proposed."), stack
 
 
 def _speed_lever(stack: list[Change], shape: ModelShape | None, workload: ServingScenario,
@@ -289,6 +307,11 @@ def advise_from_report(report: dict[str, Any], workload: ServingScenario | None 
                                                       headline)
     if change is not None and new_stack is stack:
         new_stack = apply_change(stack, change)
+    if stage == "quality" and change is None and new_stack and dtype != FLOAT32:
+        # a lossless technique that missed its budgets in half precision: its validation test is the float32
+        # rerun the advice asks for, with float32's budgets, never again the half-precision budget it failed
+        derived = replace(derived, dtype=FLOAT32)
+        notes.append(f"the validation test runs in float32, not the run's {dtype}, with float32's budgets")
 
     advice = _build(change, new_stack, stage, shape, derived, hardware, baseline, test, stack, dtype)
     # Without a change the title already carries the reason: do not repeat it under Why.
@@ -297,7 +320,8 @@ def advise_from_report(report: dict[str, Any], workload: ServingScenario | None 
     advice.measured = measured
     advice.measured_source = source or f"report created {report.get('created', '?')}"
     # Only a run that measured (passed or failed on its budgets) covers the configuration it proposes again.
-    advice.measured_covers_change = change is None and test.get("outcome") in ("passed", "failed") and bool(new_stack)
+    advice.measured_covers_change = change is None and test.get("outcome") in ("passed", "failed") and bool(new_stack) \
+        and derived.dtype == dtype  # a float32 rerun was not measured
     if change is None:
         advice.title = why if why.startswith("No further change") else f"No new technique: {why}"
     return advice
@@ -346,7 +370,7 @@ def _decide(test: dict[str, Any], stack: list[Change], shape: ModelShape | None,
     elif any(name in SIMILARITY_BUDGETS for name in failed):
         headline += f"; met {'memory' if _budget_limit(test, 'max_memory') else 'its other budgets'}, " \
                     f"failed {', '.join(failed)}"
-        change, why, new_stack = _next_quality(stack)
+        change, why, new_stack = _next_quality(stack, dtype)
         stage = "quality"
     elif any(name in SPEED_BUDGETS for name in failed):
         headline += f"; failed {', '.join(failed)}"
@@ -428,10 +452,9 @@ def _build(change: Change | None, stack: list[Change], stage: str | None, shape:
     if limit and "max_memory" not in advice.budgets:  # memory was met: the next step must keep meeting it
         advice.budgets = {"max_memory": size_literal(int(limit)), **advice.budgets}
     # A similarity limit the user set (not the failing technique's default) is their requirement: keep it.
-    defaults = default_similarity(previous, dtype)
     for name in SIMILARITY_BUDGETS:
-        user_limit = _budget_limit(test, name)
-        if user_limit is not None and defaults.get(name) != user_limit:
+        user_limit = _user_budget_limit(test, name, default_similarity(previous, dtype))
+        if user_limit is not None:
             advice.budgets[name] = user_limit
     advice.budgets = measurable(stack, advice.budgets)  # the written test must be able to pass as written
     return advice

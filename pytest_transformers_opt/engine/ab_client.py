@@ -8,8 +8,9 @@ versions). ``load`` then ``generate`` run one configuration there; ``close`` end
 
 A reference that cannot serve is told apart from one that broke: ``ReferenceUnavailable`` (the
 interpreter is missing, or cannot import torch: a skip for the caller), ``ReferenceWorkerDied`` (the
-process ended: its exit status and last stderr lines, the test's error), ``ReferenceError`` (the worker
-answered that a request failed; it runs on). No worker outlives this process: ``close`` is registered
+process ended: its exit status and last stderr lines, the test's error), ``ReferenceStoppedAnswering`` (a
+request got no answer within its ``timeout_s``: the worker was killed), ``ReferenceError`` (the worker answered
+that a request failed; it runs on). No worker outlives this process: ``close`` is registered
 with ``atexit``, the worker ends at the end of its input and, on Linux, is killed with the thread that
 started it (``PR_SET_PDEATHSIG``), so start it from the main thread.
 """
@@ -63,6 +64,14 @@ class ReferenceWorkerDied(Exception):
         super().__init__(message)
         self.returncode = returncode
         self.lines = lines
+
+
+class ReferenceStoppedAnswering(Exception):
+    """A request got no answer within its time limit: the worker was killed. ``seconds``: how long it was waited for."""
+
+    def __init__(self, message: str, *, seconds: float) -> None:
+        super().__init__(message)
+        self.seconds = seconds
 
 
 class ReferenceError(RuntimeError):  # the design's name; shadows the builtin (weakref) one in this module only
@@ -153,6 +162,7 @@ class ReferenceWorker:
         self.python_version: str | None = None
         self._pythonpath = pythonpath
         self._scratch: str | None = None  # the worker's own folder, removed here too when the worker was killed
+        self._names: dict[str, str] = {}  # key -> what its configuration is, in words (the key is the session's own)
         self._closed = False
         self._ready = False
         self._lock = threading.Lock()  # one request at a time
@@ -248,26 +258,29 @@ class ReferenceWorker:
 
     # -- requests -------------------------------------------------------------------------------------
     def load(self, key: str, request: ModelRequest, path: str, techniques: list[Technique], device: str,
-             conftests: list[str]) -> dict[str, Any]:
+             conftests: list[str], timeout_s: float | None = None) -> dict[str, Any]:
         """Load ``request`` (its local folder ``path``) with ``techniques`` under ``key``; the worker's response:
         ``skip`` (None, or why the reference cannot run it), ``load_time_s``, ``load_peak_bytes``,
         ``resident_bytes``, ``memory_method``, ``labels``. ``conftests``: files whose
-        ``pytest_opt_register_techniques`` the worker calls first."""
+        ``pytest_opt_register_techniques`` the worker calls first. ``timeout_s`` (None: no limit), for every
+        request: past it the worker is killed and ``ReferenceStoppedAnswering`` raised."""
+        self._names[key] = f"[{', '.join(t.label() for t in techniques)}] on {request.name_or_path}"
         model = {"name_or_path": request.name_or_path, "revision": request.revision, "dtype": request.dtype,
                  "trust_remote_code": request.trust_remote_code,
                  "from_pretrained_kwargs": dict(request.from_pretrained_kwargs)}
         return self._call({"op": "load", "key": key, "model": model, "path": _absolute_if_local(path),
                            "techniques": [[t.name, dict(t.params)] for t in techniques], "device": device,
-                           "conftests": [os.path.abspath(c) for c in conftests]}, f"loading {key}")
+                           "conftests": [os.path.abspath(c) for c in conftests]}, f"loading {self._name(key)}",
+                          timeout_s)
 
     def generate(self, key: str, prompts: list[str], max_new_tokens: int, batch_size: int | None,
                  keep_logits: bool = False, force_tokens: list[list[int]] | None = None, observe: bool = False,
-                 memory: bool = False) -> ReferenceRun:
+                 memory: bool = False, timeout_s: float | None = None) -> ReferenceRun:
         """One round of the configuration loaded under ``key``, as ``run_generation`` runs one here;
         ``memory``: its generation peak too (``track_peak_memory``); ``observe``: verify_run's problems."""
         response = self._call({"op": "generate", "key": key, "prompts": list(prompts), "max_new_tokens": max_new_tokens,
                                "batch_size": batch_size, "keep_logits": keep_logits, "force_tokens": force_tokens,
-                               "observe": observe, "memory": memory}, f"a round of {key}")
+                               "observe": observe, "memory": memory}, f"a round of {self._name(key)}", timeout_s)
         logprobs = None
         if response.get("logprobs_file"):
             logprobs = _read_logprobs(str(response["logprobs_file"]))
@@ -277,12 +290,16 @@ class ReferenceWorker:
                             generation_peak_bytes=response.get("generation_peak_bytes"),
                             memory_method=response.get("memory_method"), problems=response.get("problems"))
 
-    def park(self, key: str, to: str) -> float:
+    def park(self, key: str, to: str, timeout_s: float | None = None) -> float:
         """Move the configuration under ``key`` to the host (``"host"``) or back to its device (``"device"``);
         the seconds it took in the worker."""
-        return float(self._call({"op": "park", "key": key, "to": to}, f"moving {key} to the {to}")["seconds"])
+        return float(self._call({"op": "park", "key": key, "to": to}, f"moving {self._name(key)} to the {to}",
+                                timeout_s)["seconds"])
 
-    def _call(self, payload: dict[str, Any], what: str) -> dict[str, Any]:
+    def _name(self, key: str) -> str:
+        return self._names.get(key, key)
+
+    def _call(self, payload: dict[str, Any], what: str, timeout_s: float | None = None) -> dict[str, Any]:
         try:
             data = json.dumps(payload).encode() + b"\n"
         except (TypeError, ValueError) as exc:
@@ -298,8 +315,14 @@ class ReferenceWorker:
             except OSError:  # its input is closed: it is gone, or going
                 raise self._died(what) from None
             try:
-                line = self._responses.get()
-            except BaseException:  # interrupted (Ctrl-C, a timeout): its answer would answer the next request
+                line = self._responses.get(timeout=timeout_s)
+            except queue.Empty:  # it stopped answering: its late answer would answer the next request
+                self.close(kill=True)
+                assert timeout_s is not None
+                raise ReferenceStoppedAnswering(
+                    f"the reference worker ({self.python}, pid {self.process.pid}) did not answer {what} within "
+                    f"{timeout_s:.0f} s and was killed", seconds=timeout_s) from None
+            except BaseException:  # interrupted (Ctrl-C): its answer would answer the next request
                 self.close(kill=True)
                 raise
             if line is None:
@@ -321,8 +344,7 @@ class ReferenceWorker:
     def _died(self, what: str) -> ReferenceWorkerDied:
         returncode = self._reap()
         lines = self.stderr_lines()
-        said = ("; its last lines:\n" + "\n".join(f"  {line}" for line in lines)) if lines else \
-            "; it wrote nothing on stderr"
+        said = last_lines_text(lines)
         error = ReferenceWorkerDied(f"the reference worker ({self.python}, pid {self.process.pid}) died during {what}: "
                                     f"{describe_status(returncode)}{said}", returncode=returncode, lines=lines)
         self.close()
@@ -399,6 +421,14 @@ class ReferenceWorker:
                 self._tail.append(raw.decode(errors="replace").rstrip("\r\n")[:STDERR_LINE_CHARS])
         except (OSError, ValueError):
             pass
+
+
+def last_lines_text(lines: list[str]) -> str:
+    """``; its last lines on stderr:`` and the lines (blank ones left out), or that it wrote none."""
+    said = [line.rstrip() for line in lines if line.strip()]
+    if not said:
+        return "; it wrote nothing on stderr"
+    return "; its last lines on stderr:\n" + "\n".join(f"  {line}" for line in said)
 
 
 def _json_object(line: bytes) -> dict[str, Any] | None:

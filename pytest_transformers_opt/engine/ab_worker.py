@@ -19,19 +19,27 @@ removes when it ends (never pickle).
 ``_PYTEST_OPT_AB_WORKER_CRASH_AT=OP:N[:FILE]`` (for the plugin's own tests only) makes the worker exit with
 status 70 on receiving its N-th ``OP`` request, without answering: a worker that dies mid-round. With
 ``FILE``, only a worker that finds no such file crashes, and it creates it first: one crash per session.
+``_PYTEST_OPT_AB_WORKER_HANG_AT=OP:N[:FILE]`` (the same form) makes it stop answering instead: it sleeps for good
+on receiving its N-th ``OP`` request, a reference that hangs mid-test.
+
+The ready line's ``versions`` are every distribution the interpreter can import (``installed_distributions``),
+so that any package bump between the two stacks shows, not only the few the plugin names.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -44,10 +52,10 @@ if TYPE_CHECKING:
 
 _PARENT_AT_START = os.getppid()  # read before anything else: compared after PR_SET_PDEATHSIG is set
 
-READY_VERSIONS = ("torch", "transformers", "accelerate", "bitsandbytes", "kernels", "safetensors", "tokenizers")
 IMPORT_FAILED_STATUS = 3  # the reference cannot import the stack: the ready line says why
 CRASH_ENV = "_PYTEST_OPT_AB_WORKER_CRASH_AT"
 CRASH_STATUS = 70
+HANG_ENV = "_PYTEST_OPT_AB_WORKER_HANG_AT"
 THREADS_ENV = "PYTEST_OPT_CPU_THREADS"
 MAX_LOADED_MODELS = 2
 ERROR_LINE_CHARS = 2000
@@ -91,10 +99,22 @@ def drop_working_directory_from_path() -> None:
         sys.path.pop(0)
 
 
-def versions() -> dict[str, str | None]:
-    from ..compat import package_version
+def canonical_name(name: str) -> str:
+    """A distribution's name as PyPI compares names (PEP 503): ``Optimum_Quanto`` and ``optimum-quanto`` are one."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
-    return {name: package_version(name) for name in READY_VERSIONS}
+
+def installed_distributions() -> dict[str, str | None]:
+    """Every distribution this interpreter can import, by canonical name, sorted: the version found first on
+    ``sys.path`` where one is installed twice (the one ``importlib.metadata.version`` gives). Copies vendored
+    inside another package are left out: setuptools puts its ``_vendor`` folder on ``sys.path`` once imported,
+    so a process that imported it would list packages the same interpreter, fresh, does not."""
+    found: dict[str, str | None] = {}
+    for distribution in importlib.metadata.distributions():
+        name = distribution.metadata["Name"] if distribution.metadata is not None else None
+        if name and "_vendor" not in Path(str(distribution.locate_file(""))).parts:
+            found.setdefault(canonical_name(str(name)), distribution.version)
+    return dict(sorted(found.items()))
 
 
 def import_the_stack() -> None:
@@ -118,8 +138,8 @@ class StackUnavailable(Exception):
     """The reference environment cannot run the plugin's engine (said in the ready line)."""
 
 
-def _crash_point() -> tuple[str, int] | None:
-    op, _, rest = os.environ.get(CRASH_ENV, "").partition(":")
+def _crash_point(variable: str = CRASH_ENV) -> tuple[str, int] | None:
+    op, _, rest = os.environ.get(variable, "").partition(":")
     count, _, once = rest.partition(":")
     if once:
         if Path(once).exists():
@@ -166,6 +186,7 @@ class Worker:
         self._counts: dict[str, int] = {}
         self._files = 0
         self._crash = _crash_point()
+        self._hang = _crash_point(HANG_ENV)
 
     # -- requests -------------------------------------------------------------------------------------
     def handle(self, request: dict[str, Any]) -> dict[str, Any] | None:
@@ -177,6 +198,11 @@ class Worker:
                              f"{CRASH_STATUS} without answering\n")
             sys.stderr.flush()
             os._exit(CRASH_STATUS)
+        if self._hang is not None and self._hang == (op, self._counts[str(op)]):
+            sys.stderr.write(f"ab_worker: {HANG_ENV}={op}:{self._counts[str(op)]}: no longer answering\n")
+            sys.stderr.flush()
+            while True:
+                time.sleep(3600)
         if op == "close":
             return None
         if op == "load":
@@ -423,7 +449,7 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="opt-ab-worker-"))
     try:
         _send(protocol, {"ok": True, "event": "ready", "python": sys.executable,
-                         "python_version": platform.python_version(), "versions": versions(), "pid": os.getpid(),
+                         "python_version": platform.python_version(), "versions": installed_distributions(), "pid": os.getpid(),
                          "package": str(Path(__file__).resolve().parents[1]), "scratch": str(scratch)})
         return serve(protocol, sys.stdin.buffer, scratch)
     except BrokenPipeError:  # the client stopped reading: it is gone

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 from ..compat import continuous_batching_manager
 from . import quiet_logs  # noqa: F401  (its log filters hold wherever a run happens: A/B and TP workers too)
@@ -173,7 +173,7 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
                     if first_call_work and not tokens else contextlib.nullcontext())
         # said_once: a message repeated on every step (bitsandbytes' 8-bit cast) is shown once per session
         with announce, said_once(), torch.inference_mode(), _observers(opt, evidence if observe else None):
-            output, start, end = call_with_stack_headroom(_timed, opt, model.generate, {**encoded, **kwargs})
+            output, start, end = call_with_stack_headroom(_timed, opt, "generate", {**encoded, **kwargs})
         latencies.append(end - start)
         if timer.first_token_at is not None:
             ttfts.append(timer.first_token_at - start)
@@ -193,12 +193,14 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
                          evidence=evidence)
 
 
-def _timed(opt: "OptModel", call: Any, kwargs: dict[str, Any]) -> tuple[Any, float, float]:
-    """``call(**kwargs)`` (the model's ``generate`` or ``generate_batch``) inside ``_around_generate``, between two
-    clock reads; called through ``call_with_stack_headroom``."""
+def _timed(opt: "OptModel", method: Literal["generate", "generate_batch"],
+           kwargs: dict[str, Any]) -> tuple[Any, float, float]:
+    """``opt.model.<method>(**kwargs)`` inside ``_around_generate``, between two clock reads; called through
+    ``call_with_stack_headroom``. The method is looked up once the contexts are entered: what a technique's
+    context installs (a wrapper of ``generate``, a tracer) is what runs, as it would in its user's code."""
     start = now(opt.device)
     with _around_generate(opt):
-        output = call(**kwargs)
+        output = getattr(opt.model, method)(**kwargs)
     return output, start, now(opt.device)
 
 
@@ -238,7 +240,7 @@ def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens
     model.destroy_cached_continuous_batching_manager()
     try:
         # persistent: the manager outlives the call, so its cache's bytes can be read (then freed below)
-        outputs, start, end = call_with_stack_headroom(_timed, opt, model.generate_batch, dict(
+        outputs, start, end = call_with_stack_headroom(_timed, opt, "generate_batch", dict(
             inputs=inputs, generation_config=config, continuous_batching_config=cb_config, record_timestamps=True,
             progress_bar=False, persistent_manager=True))
         cache_bytes = _paged_cache_bytes(model)

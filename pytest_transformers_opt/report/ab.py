@@ -17,22 +17,19 @@ from __future__ import annotations
 
 import platform
 import sys
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..compat import package_version
 from ..verdict.ab import BLOCKS, IDENTICAL_STACKS, ab_figures, stack_note, stack_versions, what_differs
-from .compare import (METRICS, NOT_SIGNIFICANT, REGRESSED_TAG, SAMPLE_RULES, Sides, Threshold, compare_test,
-                      limit_text, sample_rule_text)
+from ..verdict.ab import judge_ab
+from ..verdict.compare import (INCONCLUSIVE_TAG, METRICS, REGRESSED_TAG, SAMPLE_RULES, Threshold, limit_text,
+                               sample_rule_text)
+from ..verdict.judge import IMPROVED, INCONCLUSIVE, NOT_COMPARABLE, NOT_JUDGED, OK, REGRESSED, not_comparable
 
-AB_SIDES = Sides(old="reference", new="candidate", record="side")  # blocks mode: the rounds are not pairs
-AB_SIDES_PAIRED = Sides(old="reference", new="candidate", record="side", paired=True)  # interleaved rounds
-AB_VERDICTS: tuple[str, ...] = ("regressed", "improved", "ok", "not judged")
-JUDGED = ("regressed", "improved", "ok")
-NOT_JUDGED = "not judged"
-# How the reference's distributions compare with themselves: what the candidate's similarity is judged against.
-_SELF_SIMILARITY = {"kl_mean": 0.0, "kl_max": 0.0, "top1": 1.0, "token_match": 1.0}
-_NOISE_TAG = f", {NOT_SIGNIFICANT}: ok"  # compare.judge_threshold's ending of a worsening within noise
+AB_VERDICTS: tuple[str, ...] = (REGRESSED, INCONCLUSIVE, IMPROVED, OK, NOT_COMPARABLE, NOT_JUDGED)
+JUDGED = (REGRESSED, INCONCLUSIVE, IMPROVED, OK)
 
 
 def ab_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -45,24 +42,6 @@ def candidate_stack(packages: Iterable[str]) -> dict[str, Any]:
     version (None: not installed) of each of ``packages``."""
     return {"python": sys.executable, "python_version": platform.python_version(),
             "versions": {name: package_version(name) for name in packages if name != "python"}}
-
-
-def judge_ab(row: Mapping[str, Any], ab: Mapping[str, Any], thresholds: Sequence[Threshold], *,
-             paired: bool | None = None) -> dict[str, Any]:
-    """``{"verdict", "details", "judged"?}`` of one test against ``thresholds`` (``--opt-ab-fail``), judged as
-    ``--opt-compare-fail`` judges two reports (``judged`` records: ``old`` is the reference, ``new`` the
-    candidate; interleaved rounds judged on their pairs, ``blocks`` unpaired, or as ``paired`` says: the A/B
-    study judges the same sessions both ways); ``not judged`` when a side has no measurement."""
-    missing = [side for side, part in (("candidate", row.get("optimized")), ("reference", ab.get("optimized")))
-               if not isinstance(part, dict)]
-    if missing:
-        return {"verdict": NOT_JUDGED, "details": [f"no measurement on the {' and '.join(missing)} side"]}
-    reference = {"optimized": ab["optimized"], "similarity": dict(_SELF_SIMILARITY)}
-    candidate = {"optimized": row["optimized"], "similarity": ab.get("similarity")}
-    if paired is None:
-        paired = ab.get("mode") != BLOCKS
-    sides = AB_SIDES_PAIRED if paired else AB_SIDES
-    return compare_test(reference, candidate, list(thresholds), sides)
 
 
 def describe_thresholds(thresholds: Sequence[Threshold]) -> str | None:
@@ -89,7 +68,9 @@ def complete_ab(report: dict[str, Any], thresholds: Sequence[Threshold] = (),
         ab["note"] = stack_note(candidate_versions, stack_versions(ab.get("reference")))
         for key in ("verdict", "details", "judged"):
             ab.pop(key, None)
-        if thresholds:
+        if ab.get("not_comparable"):  # the reference could not run it, or stopped answering: with or without a gate
+            ab.update(not_comparable([str(ab["not_comparable"])]))
+        elif thresholds:
             ab.update(judge_ab(row, ab, thresholds))
     reference_versions = stack_versions(reference)
     top = {"candidate": dict(candidate), "reference": reference,
@@ -101,17 +82,23 @@ def complete_ab(report: dict[str, Any], thresholds: Sequence[Threshold] = (),
 
 
 def ab_summary(report: Mapping[str, Any]) -> dict[str, int]:
-    """Rows with an A/B record per verdict (``not judged``: without thresholds, or without a measurement)."""
+    """Rows with an A/B record per verdict (``not comparable``: the reference could not run the test's
+    configuration or stopped answering; ``not judged``: without thresholds, or without a measurement)."""
     counts = {verdict: 0 for verdict in AB_VERDICTS}
     for row in ab_rows(report):
         verdict = row["ab"].get("verdict")
-        counts[verdict if verdict in JUDGED else NOT_JUDGED] += 1
+        counts[verdict if verdict in counts else NOT_JUDGED] += 1
     return counts
 
 
-def within_noise(ab: Mapping[str, Any]) -> list[str]:
-    """The metrics whose medians worsened past their limit without the rank test finding it significant."""
-    return [str(detail).split(" ", 1)[0] for detail in ab.get("details") or [] if str(detail).endswith(_NOISE_TAG)]
+def inconclusive_texts(ab: Mapping[str, Any]) -> list[str]:
+    """What the gate could not judge, one detail per threshold (its change, limit, rule and detectable size)."""
+    return [str(d)[: -len(INCONCLUSIVE_TAG)] for d in ab.get("details") or [] if str(d).endswith(INCONCLUSIVE_TAG)]
+
+
+def inconclusive_metrics(ab: Mapping[str, Any]) -> list[str]:
+    """The metrics of ``inconclusive_texts``."""
+    return [text.split(" ", 1)[0] for text in inconclusive_texts(ab)]
 
 
 # --------------------------------------------------------------------------- the gate (session end)
@@ -131,7 +118,7 @@ def interval_text(value: Any) -> str:
 def _regressed_texts(ab: Mapping[str, Any], thresholds: Sequence[Threshold]) -> list[str]:
     """What regressed, one text per threshold: a timed figure's change with its interval, the two medians, the
     limit and the rule that judged it; any other, as the comparison's detail says it."""
-    pending = [r for r in ab.get("judged") or [] if isinstance(r, dict) and r.get("verdict") == "regressed"]
+    pending = [r for r in ab.get("judged") or [] if isinstance(r, dict) and r.get("verdict") == REGRESSED]
     by_text = {threshold.describe(): threshold for threshold in thresholds}
     found = ab.get("figures")
     figures: dict[str, Any] = found if isinstance(found, dict) else {}
@@ -167,26 +154,33 @@ def _why_nothing(report: Mapping[str, Any]) -> str:
     if not tests:
         return "no test used opt_bench"
     measured = sum(isinstance(t.get("optimized"), dict) for t in tests)
-    if not measured:
-        return f"{_tests(len(tests))} ran, none measured anything"
+    if not measured:  # a test may have measured and then failed or been skipped: its row keeps no figures
+        outcomes = ", ".join(f"{count} {outcome}" for outcome, count in
+                             Counter(str(t.get("outcome")) for t in tests).items())
+        return f"{_tests(len(tests))} ran ({outcomes}) and none kept figures in the report (see each test's error)"
     return f"{_tests(measured)} measured, none in the reference environment"
 
 
 def gate_lines(report: Mapping[str, Any], thresholds: Sequence[Threshold], label: str
                ) -> tuple[list[str], str | None]:
     """The session end's lines for ``--opt-ab-fail`` (``label``: the option as set, ``--opt-ab-fail=latency:5%``):
-    one ``AB REGRESSED`` line per regressed test, one ``AB within noise`` line per test whose medians moved past
-    a limit without significance, the count line; and why the run fails (None: it passes)."""
+    one ``AB REGRESSED`` line per regressed test, one ``AB INCONCLUSIVE`` line per test the rounds could not
+    judge (with the size they could have detected), one ``AB not comparable`` line per test the reference could
+    not run or stopped answering in, the count line; and why the run fails (None: it passes). Without
+    ``thresholds`` (``--opt-ab`` alone), only the ``AB not comparable`` lines, and nothing fails."""
     rows = ab_rows(report)
     lines: list[str] = []
     for row in rows:
         ab = row["ab"]
-        if ab.get("verdict") == "regressed":
+        if ab.get("verdict") == REGRESSED:
             lines.append(f"AB REGRESSED {row.get('nodeid')}: {'; '.join(_regressed_texts(ab, thresholds))}")
-        noise = within_noise(ab)
-        if noise:
-            lines.append(f"AB within noise {row.get('nodeid')}: {', '.join(noise)} moved past the limit, not "
-                         f"significantly: ok")
+        elif ab.get("verdict") == INCONCLUSIVE:
+            lines.append(f"AB INCONCLUSIVE {row.get('nodeid')}: {'; '.join(inconclusive_texts(ab))}")
+        elif ab.get("verdict") == NOT_COMPARABLE:
+            lines.append(f"AB not comparable {row.get('nodeid')}: "
+                         f"{'; '.join(str(d) for d in ab.get('details') or []) or 'no reason given'}")
+    if not thresholds:
+        return lines, None
     counts = ab_summary(report)
     top = report.get("ab")
     reference = top.get("reference") if isinstance(top, dict) else None
@@ -196,7 +190,7 @@ def gate_lines(report: Mapping[str, Any], thresholds: Sequence[Threshold], label
     lines.append(f"A/B: {', '.join(f'{counts[v]} {v}' for v in AB_VERDICTS)} ({label}{against}{identical})")
     if not rows:
         return lines, f"{label}: no test has an A/B record ({_why_nothing(report)}): the run fails"
-    regressed = counts["regressed"]
+    regressed = counts[REGRESSED]
     if regressed:
         return lines, f"{_tests(regressed)} regressed past {label}{against}: the run fails"
     if not any(counts[v] for v in JUDGED):  # a gate that judged nothing does not pass

@@ -1,16 +1,28 @@
 """Change points of a recorded history (``pytest-opt history DIR``): where a test's figure moved, dated.
 
-Each (test, hardware) of the history gives one series per figure (``METRICS``), oldest run first. A change
-point is proposed by ``ruptures`` (binary segmentation of the mean, on the series in units of its robust
-scale: the values place a step to the run) and kept only when a permutation test of its segment says so,
-on the series' ranks (one run slowed by a busy machine moves a rank by one, not a mean by its whole excess,
-so the heavy tails of CI timings neither hide a step nor make one), as E-divisive (Otava, MongoDB) does:
-the segment between its neighbouring change points is shuffled ``PERMUTATIONS`` times and the best split
-of each shuffle scored by the same statistic (the largest fall in squared error one split can give). The
-weakest change point is dropped, and its neighbours tested again, until every one left has
-``p <= MAX_P_VALUE``. The generator is seeded from the values, so the same history always gives the same
-answer. ``benchmarks/changepoint_study.py`` measured the detector: a 10% step among 3% noise is found, and
-a flat history almost never gives a change point.
+A series is one test on one hardware with one model (name, revision, dtype, arguments), techniques and
+workload (``history.same_series``, the window's rule of what may be pooled): runs of another model under the
+same node id are another series, never a step of this one. Each series gives one sequence per figure
+(``METRICS``), oldest run first.
+
+A change point is proposed by ``ruptures`` (binary segmentation of the mean, in units of the run-to-run noise:
+the robust spread of successive differences, which a step does not inflate) and kept when one of two tests of
+its split is sure, at ``p <= MAX_P_VALUE`` (Otava's default: a history is tested again at every run):
+
+- Student's t-test between the segments either side (pooled variance, as Apache Otava's), its p-value times
+  the positions the split could have taken in its segment (Bonferroni). It resolves a step within 3 runs a
+  side: a +60% step among 5% noise from 6 runs on.
+- A permutation test of the segment's ranks, as E-divisive does: the segment between the neighbouring change
+  points is shuffled ``PERMUTATIONS`` times, the best split of each scored by the same statistic (the largest
+  fall in squared error one split gives). On ranks, one run slowed by a busy machine moves a rank by one,
+  not a mean by its whole excess: it neither hides a step from this test nor makes one. Ranks cannot be sure
+  in a short history (the smallest p-value of a split of ``2k`` runs is ``2 / C(2k, k)``: 0.029 at 8 runs,
+  under 0.001 from 14), so this test finds what noisy outliers hide from the t-test in longer ones.
+
+The weakest change point is dropped, and its neighbours tested again, until every one left passes. The
+generator is seeded from the values, so the same history always gives the same answer.
+``benchmarks/changepoint_study.py`` measures power by length and step size, the false rate of null histories
+and the agreement with Otava (``benchmarks/RESULTS.md``).
 
 How large a change is: the ratio of the medians of the segments before and after it, with the 95%
 bootstrap interval of ``verdict.stats`` (the speedup's). ruptures and scipy (the ``history`` extra) and
@@ -33,8 +45,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from ..errors import OptConfigError
 from ..units import finite_number
-from ..verdict.stats import median_ratio_interval
-from .history import History, RunName, _tests
+from ..verdict.stats import median_ratio_interval, student_t_sf
+from .history import History, MeasuredRow, RunName, measured_rows, same_series, series_keys, series_name
 
 if TYPE_CHECKING:
     import numpy
@@ -73,16 +85,25 @@ def series_label(nodeid: str, hardware: str | None) -> str:
 
 @dataclass
 class TrackedTest:
-    """One (test, hardware) over the history: the runs it was measured in and each run's figures."""
+    """One series of a test over the history: its runs on one hardware with one model, techniques and workload
+    (``history.same_series``), and each run's figures. ``measured`` is its newest row, which names it."""
 
     nodeid: str
     hardware: str | None
     runs: list[RunName] = field(default_factory=list)
     figures: list[dict[str, float]] = field(default_factory=list)  # per run: metric -> finite value
+    measured: MeasuredRow | None = None
 
     @property
     def label(self) -> str:
-        return series_label(self.nodeid, self.hardware)
+        """``tests/test_x.py::test_sdpa [CPU: ...]``, then the series' name where its newest row is known."""
+        label = series_label(self.nodeid, self.hardware)
+        return f"{label} {series_name(self.measured.row)}" if self.measured is not None else label
+
+    @property
+    def keys(self) -> dict[str, str]:
+        """What makes the series (``history.series_keys`` of its newest row); empty where it is not known."""
+        return series_keys(self.measured.row) if self.measured is not None else {}
 
     def series(self, metric: str) -> Series:
         """The runs that recorded ``metric``, and its values."""
@@ -91,18 +112,21 @@ class TrackedTest:
             if metric in figures:
                 runs.append(run)
                 values.append(figures[metric])
-        return Series(self.nodeid, self.hardware, metric, tuple(runs), tuple(values))
+        name = series_name(self.measured.row) if self.measured is not None else ""
+        return Series(self.nodeid, self.hardware, metric, tuple(runs), tuple(values), name, self.keys)
 
 
 @dataclass(frozen=True)
 class Series:
-    """One figure of one (test, hardware), oldest run first."""
+    """One figure of one series of a test (``keys``: what makes the series), oldest run first."""
 
     nodeid: str
     hardware: str | None
     metric: str
     runs: tuple[RunName, ...]
     values: tuple[float, ...]
+    name: str = ""  # the series' model, techniques and workload (``history.series_name``)
+    keys: Mapping[str, str] = field(default_factory=dict)
 
 
 def figures_of(test: Mapping[str, Any]) -> dict[str, float]:
@@ -119,32 +143,44 @@ def figures_of(test: Mapping[str, Any]) -> dict[str, float]:
 
 
 def tracked_tests(history: History) -> list[TrackedTest]:
-    """Every (test, hardware) measured in the history's runs, by node id then hardware. A run without a
-    name (not recorded) is skipped: a change point needs its date."""
-    found: dict[tuple[str, str | None], TrackedTest] = {}
+    """Every series measured in the history's runs (``history.same_series``: one per hardware, model,
+    techniques and workload of a node id), by node id, hardware, then first run. A run without a name (not
+    recorded) is skipped: a change point needs its date."""
+    found: dict[str, list[TrackedTest]] = {}
     for run in history.runs:
         if run.name is None:
             continue
-        seen: set[tuple[str, str | None]] = set()
-        for row in _tests(run.report):
-            hardware = row.get("hardware")
-            key = (row["nodeid"], hardware if isinstance(hardware, str) else None)
-            if key in seen:
-                continue  # a report holds a (test, hardware) once; a crafted one twice: the first wins, as trends do
-            seen.add(key)
-            figures = figures_of(row)
-            if figures:
-                track = found.setdefault(key, TrackedTest(*key))
-                track.runs.append(run.name)
-                track.figures.append(figures)
-    return [found[key] for key in sorted(found, key=lambda key: (key[0], key[1] or ""))]
+        joined: set[int] = set()
+        for measured in measured_rows(run.report):
+            figures = figures_of(measured.row)
+            if not figures:
+                continue
+            tracks = found.setdefault(measured.row["nodeid"], [])
+            # the newest row of each series stands for it: comparability is judged between neighbouring runs
+            track = next((t for t in reversed(tracks) if t.measured is not None and same_series(t.measured, measured)),
+                         None)
+            if track is None:
+                hardware = measured.hardware
+                track = TrackedTest(measured.row["nodeid"], hardware if isinstance(hardware, str) else None)
+                tracks.append(track)
+            elif id(track) in joined:
+                continue  # a report holds a test once per series; a crafted one twice: the first wins, as trends do
+            joined.add(id(track))
+            track.runs.append(run.name)
+            track.figures.append(figures)
+            track.measured = measured
+    ordered = [track for nodeid in sorted(found) for track in found[nodeid]]
+    return sorted(ordered, key=lambda track: (track.nodeid, track.hardware or ""))  # stable: first run within
 
 
-def select_tracks(tracks: Sequence[TrackedTest], *, test: str | None = None,
-                  hardware: str | None = None) -> list[TrackedTest]:
+def select_tracks(tracks: Sequence[TrackedTest], *, test: str | None = None, hardware: str | None = None,
+                  series: str | None = None) -> list[TrackedTest]:
     """The tracks whose node id contains ``test`` (only the test itself when a node id equals it: the node
-    id of ``test_sdpa`` then does not also pick ``test_sdpa_again``) and whose hardware contains ``hardware``."""
+    id of ``test_sdpa`` then does not also pick ``test_sdpa_again``), whose hardware contains ``hardware`` and
+    whose name (``history.series_name``: model, techniques, workload) contains ``series``."""
     chosen = [t for t in tracks if hardware is None or (t.hardware is not None and hardware in t.hardware)]
+    if series is not None:
+        chosen = [t for t in chosen if t.measured is not None and series in series_name(t.measured.row)]
     if test is None:
         return chosen
     exact = [t for t in chosen if t.nodeid == test]
@@ -198,23 +234,47 @@ def _segment_p_value(values: Sequence[float], start: int, stop: int, permutation
 
 
 def robust_scale(values: Sequence[float]) -> float:
-    """The spread a change is measured against: the MAD (as a standard deviation), else the standard
-    deviation where more than half the values are equal (a peak memory that moves rarely); 0 for a
-    constant series."""
+    """The spread of the values: the MAD (as a standard deviation), else the standard deviation where more than
+    half the values are equal (a peak memory that moves rarely); 0 for a constant series."""
     center = statistics.median(values)
     mad = _MAD_TO_SD * statistics.median(abs(v - center) for v in values)
     return mad if mad > 0 else statistics.pstdev(values)
 
 
+def noise_scale(values: Sequence[float]) -> float:
+    """The run-to-run noise the search measures a step against: the robust scale of the successive differences
+    over sqrt(2). A step moves one difference only, so it is not counted as noise (the spread of the values
+    themselves is half a step in a short history that holds one, and hid it). A series that moves by the same
+    amount every run (a steady trend): the spread of the values; 0 for a constant series."""
+    differences = [after - before for before, after in zip(values, values[1:])]
+    scale = robust_scale(differences) / math.sqrt(2) if len(differences) > 1 else 0.0
+    return scale if scale > 0 else robust_scale(values)
+
+
+def _t_test_p_value(values: Sequence[float], start: int, index: int, stop: int) -> float:
+    """Two-sided p-value of Student's t-test (pooled variance, as Otava's) between ``values[start:index]`` and
+    ``values[index:stop]``, times the positions a split of ``[start, stop)`` could take (Bonferroni: the search
+    chose this one). It resolves a step within a few runs, where ranks cannot. Two constant segments: 0 when
+    they differ, 1 when not."""
+    left, right = values[start:index], values[index:stop]
+    gap = statistics.fmean(right) - statistics.fmean(left)
+    df = len(left) + len(right) - 2
+    pooled = ((len(left) - 1) * statistics.variance(left) + (len(right) - 1) * statistics.variance(right)) / df
+    if not pooled > 0:
+        return 0.0 if gap != 0 else 1.0
+    t = abs(gap) / math.sqrt(pooled * (1 / len(left) + 1 / len(right)))
+    positions = stop - start - 2 * MIN_SEGMENT + 1
+    return min(1.0, 2.0 * student_t_sf(t, df) * positions)
+
+
 def detect(values: Sequence[float], *, max_p_value: float = MAX_P_VALUE,
            permutations: int = PERMUTATIONS) -> list[Split]:
-    """The change points of ``values`` (oldest first) that pass the permutation test, in order; none for
-    fewer than ``MIN_RUNS`` values or a constant series. Raises ``OptConfigError`` when ruptures is
-    missing."""
+    """The change points of ``values`` (oldest first) that pass the tests, in order; none for fewer than
+    ``MIN_RUNS`` values or a constant series. Raises ``OptConfigError`` when ruptures is missing."""
     rpt = _ruptures()
     if len(values) < MIN_RUNS:
         return []
-    scale = robust_scale(values)
+    scale = noise_scale(values)
     if not scale > 0:
         return []
     import numpy as np
@@ -224,16 +284,19 @@ def detect(values: Sequence[float], *, max_p_value: float = MAX_P_VALUE,
     ranks = [float(rank) for rank in rankdata(values)]  # what the permutation test judges; ties share a mean rank
     search = rpt.Binseg(model="l2", min_size=MIN_SEGMENT, jump=1).fit(normalised)
     candidates: list[int] = [int(i) for i in search.predict(pen=PENALTY_PER_LOG_RUN * math.log(len(values)))[:-1]]
-    tested: dict[tuple[int, int], float] = {}  # (start, stop) -> p-value: a segment's test does not change
+    tested: dict[tuple[int, int, int], float] = {}  # (start, index, stop) -> p-value: a split's tests do not change
 
-    def p_value(start: int, stop: int) -> float:
-        if (start, stop) not in tested:
-            tested[(start, stop)] = _segment_p_value(ranks, start, stop, permutations)
-        return tested[(start, stop)]
+    def p_value(start: int, index: int, stop: int) -> float:
+        if (start, index, stop) not in tested:
+            # the smaller of the two tests' p-values: the ranks' where a slow run would hide a step from the
+            # t-test, the t-test's where the segment is too short for ranks to reach MAX_P_VALUE
+            tested[(start, index, stop)] = min(_segment_p_value(ranks, start, stop, permutations),
+                                               _t_test_p_value(values, start, index, stop))
+        return tested[(start, index, stop)]
 
     while candidates:
         bounds = [0, *candidates, len(values)]
-        p_values = [p_value(bounds[n], bounds[n + 2]) for n in range(len(candidates))]
+        p_values = [p_value(bounds[n], bounds[n + 1], bounds[n + 2]) for n in range(len(candidates))]
         weakest = max(range(len(candidates)), key=lambda n: p_values[n])
         if p_values[weakest] <= max_p_value:
             return [Split(index, p) for index, p in zip(candidates, p_values)]
@@ -361,10 +424,19 @@ def _commits(point: ChangePoint) -> str:
     return "no commit recorded"
 
 
+def heading(track: TrackedTest) -> str:
+    """The line that names a series before its figures' lines: the test, its hardware, model, techniques and
+    workload, and its runs."""
+    first, last = track.runs[0].name.removesuffix(".json"), track.runs[-1].name.removesuffix(".json")
+    span = first if first == last else f"{first} .. {last}"
+    return f"{track.label}: {len(track.runs)} run{'s' if len(track.runs) != 1 else ''} ({span})"
+
+
 def describe(analysis: SeriesAnalysis) -> list[str]:
-    """The text lines of one series: one per change point, else one that says why there is none."""
+    """The text lines of one figure of a series (under its ``heading``): one per change point, else one that says
+    why there is none."""
     series = analysis.series
-    head = f"{series_label(series.nodeid, series.hardware)} {series.metric}:"
+    head = f"{series.metric}:"
     if analysis.note is not None:
         return [f"{head} {analysis.note}"]
     if not analysis.change_points:
@@ -392,8 +464,8 @@ def to_json(analysis: SeriesAnalysis) -> dict[str, Any]:
     """One series with every field of its change points (the ``--json`` output's ``series`` entries)."""
     series = analysis.series
     return {
-        "nodeid": series.nodeid, "hardware": series.hardware, "metric": series.metric,
-        "runs": [run.name for run in series.runs], "values": list(series.values), "note": analysis.note,
+        "nodeid": series.nodeid, "hardware": series.hardware, "series": series.name, "keys": dict(series.keys),
+        "metric": series.metric, "runs": [run.name for run in series.runs], "values": list(series.values), "note": analysis.note,
         "change_points": [{
             "index": point.index, "run": _run_json(point.run), "previous_run": _run_json(point.previous),
             "commit_range": point.commit_range, "before_median": point.before_median,
@@ -406,33 +478,44 @@ def to_json(analysis: SeriesAnalysis) -> dict[str, Any]:
 
 def method_json() -> dict[str, Any]:
     """How the change points were found, for the ``--json`` output."""
-    return {"search": f"ruptures Binseg, l2 cost, min_size {MIN_SEGMENT}, penalty {PENALTY_PER_LOG_RUN} log(runs) "
-                      f"on the series over its robust scale",
-            "test": f"permutation test of each change point's segment ({PERMUTATIONS} shuffles, seeded from the "
-                    f"values), kept at p <= {MAX_P_VALUE}",
+    return {"series": "one per test, hardware, model (name, revision, dtype, arguments), techniques and workload",
+            "search": f"ruptures Binseg, l2 cost, min_size {MIN_SEGMENT}, penalty {PENALTY_PER_LOG_RUN} log(runs) "
+                      f"on the series over the robust spread of its successive differences",
+            "test": f"kept at p <= {MAX_P_VALUE} by either Student's t-test of the split (pooled variance, times "
+                    f"the positions the split could take) or a permutation test of its segment's ranks "
+                    f"({PERMUTATIONS} shuffles, seeded from the values); p is the smaller",
             "interval": "95% bootstrap interval of the ratio of the medians after and before, minus 1",
             "min_runs": MIN_RUNS, "max_p_value": MAX_P_VALUE, "permutations": PERMUTATIONS}
 
 
+OTAVA_KEY_COLUMNS = ("test", "hardware", "model", "revision", "dtype", "model_arguments", "techniques", "baseline",
+                     "workload")
+"""The columns of ``--format otava-csv`` that name the series (Otava's ``attributes``), after ``time,commit``."""
+
+
 def otava_csv(track: TrackedTest, metrics: Iterable[str] = METRICS) -> str:
-    """The runs of one (test, hardware) as Otava's CSV importer reads them: ``time,commit,<metric>...``, one
-    row per run, times in ISO 8601 with their zone, ascending. Otava converts every metric cell to a number,
-    so a column is written for each of ``metrics`` the test recorded at least once, and a run without one of
-    them is left out. Raises ``OptConfigError`` when no run has them all."""
+    """The runs of one series as Otava's CSV importer reads them: ``time,commit``, the series' keys
+    (``OTAVA_KEY_COLUMNS``: the same on every row, since a series is one test on one hardware with one model,
+    techniques and workload), then ``<metric>...``, one row per run, times in ISO 8601 with their zone,
+    ascending. Otava converts every metric cell to a number, so a column is written for each of ``metrics`` the
+    series recorded at least once, and a run without one of them is left out. Raises ``OptConfigError`` when no
+    run has them all."""
     chosen = list(metrics)
     columns = [metric for metric in chosen if any(metric in figures for figures in track.figures)]
     if not columns:
         raise OptConfigError(f"--format otava-csv: {track.label} recorded none of the figures {', '.join(chosen)}")
+    keys = {"test": track.nodeid, "hardware": track.hardware or "", **track.keys}
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["time", "commit", *columns])
+    writer.writerow(["time", "commit", *OTAVA_KEY_COLUMNS, *columns])
     rows = 0
     for run, figures in zip(track.runs, track.figures):
         if all(metric in figures for metric in columns):
             # the time the run is ordered at: a name dated in the future sits at the time it was written
             moment: _dt.datetime = run.order[0]
             commit = (run.commit or "") + ("-dirty" if run.commit and run.dirty else "")
-            writer.writerow([moment.isoformat(), commit, *(repr(figures[metric]) for metric in columns)])
+            writer.writerow([moment.isoformat(), commit, *(keys.get(column, "") for column in OTAVA_KEY_COLUMNS),
+                             *(repr(figures[metric]) for metric in columns)])
             rows += 1
     if not rows:
         raise OptConfigError(f"--format otava-csv: no run of {track.label} recorded all of {', '.join(columns)}; "

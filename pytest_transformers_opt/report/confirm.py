@@ -13,12 +13,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..units import clip
-from .compare import verdict_keys
+from ..verdict.compare import IMPROVED_TAG, INCONCLUSIVE_TAG, OK_TAG, REGRESSED_TAG, verdict_keys
+from ..verdict.judge import NEW, NOT_COMPARABLE, REGRESSED
 
 if TYPE_CHECKING:
     from ..options import Settings
 
-REGRESSED = "regressed"
 _REASON_CHARS = 160
 # what a row's confirmation keeps of the second measurement: what the window judges, and how the test ended
 CONFIRMATION_KEYS = ("outcome", "error", "baseline", "optimized", "speedup", "speedup_interval", "memory_ratio",
@@ -53,7 +53,7 @@ def confirm_verdicts(report: dict[str, Any], verdicts: dict[str, dict[str, Any]]
     lines = []
     for key, test in second.items():
         first, repeat = verdicts[key], again.get(key, {})
-        if test.get("outcome") != "passed" or repeat.get("verdict") in (None, "new", "not comparable"):
+        if test.get("outcome") != "passed" or repeat.get("verdict") in (None, NEW, NOT_COMPARABLE):
             first["confirmed"] = True
             # the error's first line, as the terminal's other one-line reasons (an assertion's explanation follows it)
             lines = str(test.get("error") or "").strip().splitlines()
@@ -63,7 +63,7 @@ def confirm_verdicts(report: dict[str, Any], verdicts: dict[str, dict[str, Any]]
             lines.append(f"CONFIRMED {key}: the second measurement gave no verdict ({why}): the regression stands")
             continue
         shown = "; ".join(detail for detail in repeat.get("details", [])[1:] if detail.endswith(
-            (": regressed", ": inconclusive", ": ok", ": improved")))
+            (REGRESSED_TAG, INCONCLUSIVE_TAG, OK_TAG, IMPROVED_TAG)))
         if repeat["verdict"] == REGRESSED:
             first["confirmed"] = True
             first["details"] = [*first.get("details", []), f"confirmed: measured again after the other tests: {shown}"]

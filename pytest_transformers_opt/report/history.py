@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import OptConfigError
 from ..files import JsonProblem, read_limited, write_atomic
 from ..units import finite_number, clip
+from ..verdict.compare import hardware_differences, measurement_missing, row_environment, row_hardware, test_differences
 from ..verdict.stats import MIN_BOOTSTRAP_SAMPLES, median_ratio_interval
 from .schema import load_report
 
@@ -342,6 +343,78 @@ def trend_history(folder: str | os.PathLike[str], report: Mapping[str, Any], rec
     return history
 
 
+# ------------------------------------------------------------------------------------------ series
+
+
+@dataclass(frozen=True)
+class MeasuredRow:
+    """One measured test row of a recorded run, with the environment it was measured in."""
+
+    row: dict[str, Any]
+    environment: dict[str, Any]
+
+    @property
+    def hardware(self) -> str | None:
+        """The row's hardware fingerprint (``compare.row_hardware``); None for a report older than it."""
+        return row_hardware(self.row, self.environment)
+
+
+def measured_rows(report: Mapping[str, Any]) -> list[MeasuredRow]:
+    """The rows of ``report`` that hold a measurement, each with its environment (a shard's in a merged report)."""
+    return [MeasuredRow(row, row_environment(report, row)) for row in _tests(report)
+            if measurement_missing(row, "recorded") is None]
+
+
+def same_series(first: MeasuredRow, second: MeasuredRow) -> bool:
+    """Whether two measured rows of one node id are points of one series: the same hardware, model (name,
+    revision, dtype, arguments), techniques and workload, judged as the window judges what it may pool
+    (``compare.hardware_differences`` and ``compare.test_differences``). A stack change (torch, transformers)
+    stays within a series: it is what a change point finds."""
+    return not hardware_differences(first.row, first.environment, second.row, second.environment) \
+        and not test_differences(first.row, second.row)
+
+
+def _plural(count: Any, word: str) -> str:
+    return f"{count} {word}{'s' if count != 1 else ''}"
+
+
+def series_keys(row: Mapping[str, Any]) -> dict[str, str]:
+    """What makes a row's series, as text (the ``--format otava-csv`` columns and the JSON's ``keys``): ``model``,
+    ``revision``, ``dtype``, ``model_arguments`` (JSON, sorted), ``techniques`` and ``baseline`` (joined by
+    `` + ``), ``workload`` (``prompts=1 new_tokens=8 batch=1 input_tokens=6``); an unrecorded part is empty."""
+    model = row.get("model") if isinstance(row.get("model"), dict) else {}
+    workload = row.get("workload") if isinstance(row.get("workload"), dict) else {}
+    arguments = model.get("arguments")
+    parts = (("prompts", "num_prompts"), ("new_tokens", "max_new_tokens"), ("batch", "batch_size"),
+             ("input_tokens", "input_tokens"))
+    return {
+        "model": str(model.get("name_or_path") or ""), "revision": str(model.get("revision") or ""),
+        "dtype": str(model.get("dtype") or ""),
+        "model_arguments": json.dumps(arguments, sort_keys=True, default=str) if arguments else "",
+        "techniques": " + ".join(map(str, row.get("techniques") or [])),
+        "baseline": " + ".join(map(str, row.get("baseline_techniques") or [])),
+        "workload": " ".join(f"{label}={workload[key]}" for label, key in parts if workload.get(key) is not None),
+    }
+
+
+def series_name(row: Mapping[str, Any]) -> str:
+    """``tiny-random-llama float32, sdpa vs eager, 1 prompt x 8 new tokens``: a series named by its model (with
+    its revision and arguments when set), techniques against the baseline, and workload."""
+    keys = series_keys(row)
+    model = keys["model"] or "model unknown"
+    model += f"@{keys['revision']}" if keys["revision"] else ""
+    model += f" {keys['dtype']}" if keys["dtype"] else ""
+    model += f" {keys['model_arguments']}" if keys["model_arguments"] else ""
+    techniques = (keys["techniques"] or "no technique") + (f" vs {keys['baseline']}" if keys["baseline"] else "")
+    workload = row.get("workload") if isinstance(row.get("workload"), dict) else {}
+    work = []
+    if workload.get("num_prompts") is not None and workload.get("max_new_tokens") is not None:
+        work.append(f"{_plural(workload['num_prompts'], 'prompt')} x {workload['max_new_tokens']} new tokens")
+    if workload.get("batch_size") not in (None, 1):
+        work.append(f"batch {workload['batch_size']}")
+    return ", ".join([model, techniques, *work])
+
+
 # ------------------------------------------------------------------------------------------ trends
 
 
@@ -394,18 +467,26 @@ def _point(run: int, test: Mapping[str, Any]) -> TrendPoint | None:
 
 def trends(history: History) -> list[Trend]:
     """One trend per test of the current run (the last), keyed by node id and hardware, with a point for
-    each run in which that test on that hardware has an optimized figure."""
+    each run in which that test on that hardware has an optimized figure in the same series (``same_series``)
+    as its newest measured row."""
     if not history.runs:
         return []
     keys: dict[tuple[str, Any], Trend] = {}
     for test in _tests(history.runs[-1].report):
         keys.setdefault((test["nodeid"], test.get("hardware")), Trend(test["nodeid"], test.get("hardware")))
+    # each trend follows one series: the newest measured row's model, techniques and workload (a run of another
+    # model under the same node id is not a point of it)
+    series: dict[tuple[str, Any], MeasuredRow] = {}
+    for run in reversed(history.runs):
+        for measured in measured_rows(run.report):
+            series.setdefault((measured.row["nodeid"], measured.row.get("hardware")), measured)
     for index, run in enumerate(history.runs):
         seen: set[tuple[str, Any]] = set()
-        for test in _tests(run.report):
+        for measured in measured_rows(run.report):
+            test = measured.row
             key = (test["nodeid"], test.get("hardware"))
-            if key in keys and key not in seen:  # a report holds a (test, hardware) once; a crafted one, first wins
-                seen.add(key)
+            if key in keys and key not in seen and same_series(series[key], measured):
+                seen.add(key)  # a report holds a (test, hardware) once; a crafted one, first wins
                 point = _point(index, test)
                 if point is not None:
                     keys[key].points.append(point)

@@ -30,6 +30,7 @@ from importlib import resources
 from typing import Any, Protocol
 
 from ..units import finite_number, format_ratio
+from ..verdict.judge import INCONCLUSIVE, REGRESSED
 from ..verdict.results import FASTER, SLOWER
 from ..verdict.stats import MIN_BOOTSTRAP_SAMPLES
 from . import view
@@ -377,8 +378,9 @@ def agreement_chart(report: Mapping[str, Any]) -> str:
             value, limit = finite_number(raw), _limit(test, budget)
             under = _failed(test, budget) or (raw is not None and value is None)
             label = view.format_percent(raw)
-            if name == "token match" and view.similarity_figure(test, "near_tie") and raw is not None:
-                label += " near-tie"
+            counts = view.agreement_counts(test, "top1" if name == "top-1" else "token_match")
+            if counts and raw is not None:
+                label += f" ({counts})"
             bars.append(Bar(value, label, FAIL_COLOR if under else color, name, limit,
                             f"{budget} {view.format_percent(limit)}" if limit is not None else ""))
         rows.append(Row(_short_label(str(test["nodeid"])), str(test["nodeid"]), bars))
@@ -654,12 +656,12 @@ def _results_table(report: Mapping[str, Any]) -> str:
             elif key == "outcome":
                 cells.append(f'<td class="outcome-{_e(outcome)}">{_e(value)}</td>')
             elif key in ("failed_budgets", "regression"):
-                bad = value != view.MISSING if key == "failed_budgets" else value.startswith("regressed")
-                warn = key == "regression" and value.startswith("inconclusive")
+                bad = value != view.MISSING if key == "failed_budgets" else value.startswith(REGRESSED)
+                warn = key == "regression" and value.startswith(INCONCLUSIVE)
                 cells.append(f'<td class="{key}{" bad" if bad else " warn" if warn else ""}">{_e(value)}</td>')
-            elif key == "token_match" and value.endswith(" (near-tie)"):
-                cells.append(f'<td class="num">{_e(value[: -len(" (near-tie)")])}'
-                             '<span class="reason">near-tie</span></td>')
+            elif key in ("token_match", "top1") and value.endswith(")") and " (" in value:
+                figure, counts = value[:-1].split(" (", 1)  # view.agreement_counts under the figure
+                cells.append(f'<td class="num">{_e(figure)}<span class="reason">{_e(counts)}</span></td>')
             elif key in ("speedup", "memory_ratio") and " " in value:  # view.format_ratio_verdict's text
                 ratio, uncertainty = value.split(" ", 1)  # the interval and word under the ratio, free to wrap
                 cells.append(f'<td class="num">{_e(ratio)}<span class="reason">{_e(uncertainty)}</span></td>')
@@ -686,7 +688,8 @@ def _ab_section(report: Mapping[str, Any]) -> list[str]:
         return [*out, f"<p>{_e(view.AB_NO_ROWS)}</p></section>"]
     out.append('<ul class="ab">')
     for test, line in compared:
-        bad = ' class="bad"' if test["ab"].get("verdict") == "regressed" else ""
+        verdict = test["ab"].get("verdict")
+        bad = ' class="bad"' if verdict == REGRESSED else ' class="warn"' if verdict == INCONCLUSIVE else ""
         out.append(f"<li{bad}><code>{_e(test.get('nodeid'))}</code>: {_e(line)}</li>")
     out.append("</ul></section>")
     return out

@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import OptConfigError
 from ..verdict.results import CALL_SUFFIX
 from .ab import merge_ab
-from .compare import row_hardware
+from ..verdict.compare import row_hardware
 from .schema import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, load_report, validate_report
 from .writer import count_outcomes
 

@@ -19,9 +19,10 @@ from typing import Any
 
 from ..units import failure_reason, format_bytes, format_duration, format_ratio, shorten
 from ..verdict.ab import BLOCKS, FIGURES, IDENTICAL_STACKS, differing_versions, stack_note, stack_versions, version_text
+from ..verdict.judge import INCONCLUSIVE, NOT_JUDGED, OK, REGRESSED
 from ..verdict.results import NO_DIFFERENCE
-from .ab import NOT_JUDGED, ab_rows, interval_text, within_noise
-from .compare import METRICS, row_hardware
+from .ab import ab_rows, inconclusive_metrics, interval_text
+from ..verdict.compare import METRICS, row_hardware
 
 MISSING = "-"
 
@@ -272,6 +273,37 @@ def similarity_figure(test: Mapping[str, Any], key: str) -> Any:
     return similarity.get(key) if isinstance(similarity, dict) else None
 
 
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def agreement_counts(test: Mapping[str, Any], key: str) -> str:
+    """What an agreement figure was counted over, for its cell: top-1 ``1/16 flips, 1 near-tie`` (flips in the
+    compared steps), token match ``1/3 diverged, 1 near-tie`` (prompts whose tokens diverged); ``near-tie``
+    alone for a report from before they were counted, empty when there is nothing to say."""
+    if key == "top1":
+        flips, steps = _count(similarity_figure(test, "top1_flips")), _count(similarity_figure(test, "compared_steps"))
+        if flips is None or not steps:
+            return ""
+        ties = _count(similarity_figure(test, "near_tie_flips")) or 0
+        return f"{flips}/{steps} flips" + (f", {ties} near-tie" if ties else "")
+    divergences = _count(similarity_figure(test, "divergences"))
+    if divergences is None:  # an earlier report: only the flag
+        return "near-tie" if similarity_figure(test, "near_tie") else ""
+    workload = test.get("workload")
+    prompts = _count(workload.get("num_prompts")) if isinstance(workload, dict) else None
+    ties = _count(similarity_figure(test, "near_tie_divergences")) or 0
+    if not divergences:
+        return ""
+    return (f"{divergences}/{prompts} diverged" if prompts else f"{divergences} diverged") + \
+        (f", {ties} near-tie" if ties else "")
+
+
+def _with_counts(figure: str, test: Mapping[str, Any], key: str) -> str:
+    counts = agreement_counts(test, key)
+    return f"{figure} ({counts})" if counts and figure != MISSING else figure
+
+
 def failed_budget_names(test: Mapping[str, Any]) -> list[str]:
     """Names of the budgets that failed: ``failed_budgets`` plus any budget whose ``ok`` is False."""
     names = [str(name) for name in test.get("failed_budgets") or []]
@@ -339,9 +371,6 @@ def table_row(test: Mapping[str, Any]) -> dict[str, str]:
     def pair(key: str, fmt: Any) -> str:
         return format_pair(fmt(side_figure(test, "optimized", key)), fmt(side_figure(test, "baseline", key)))
 
-    token_match = format_percent(similarity_figure(test, "token_match"))
-    if similarity_figure(test, "near_tie") and token_match != MISSING:
-        token_match += " (near-tie)"
     return {
         "test": str(test.get("nodeid") or MISSING),
         "hardware": one_line(str(test.get("hardware") or MISSING)),
@@ -353,9 +382,9 @@ def table_row(test: Mapping[str, Any]) -> dict[str, str]:
         "speedup": format_ratio_verdict(test, "speedup"),
         "memory": pair("peak_memory_bytes", format_memory),
         "memory_ratio": format_ratio_verdict(test, "memory_ratio"),
-        "token_match": token_match,
+        "token_match": _with_counts(format_percent(similarity_figure(test, "token_match")), test, "token_match"),
         "kl_mean": format_kl(similarity_figure(test, "kl_mean")),
-        "top1": format_percent(similarity_figure(test, "top1")),
+        "top1": _with_counts(format_percent(similarity_figure(test, "top1")), test, "top1"),
         "failed_budgets": ", ".join(failed_budget_names(test)) or MISSING,
         "regression": regression_text(test),
     }
@@ -479,9 +508,9 @@ def terminal_row(test: Mapping[str, Any]) -> dict[str, str]:
         "speedup": format_ratio_verdict(test, "speedup", short=True),
         "memory": pair("peak_memory_bytes", format_memory),
         "memory_ratio": format_ratio_verdict(test, "memory_ratio", short=True),
-        "token_match": _compact(similarity_figure(test, "token_match"), "{:.2f}"),
+        "token_match": _with_counts(_compact(similarity_figure(test, "token_match"), "{:.2f}"), test, "token_match"),
         "kl_mean": _compact(similarity_figure(test, "kl_mean"), "{:.2e}"),
-        "top1": _compact(similarity_figure(test, "top1"), "{:.2f}"),
+        "top1": _with_counts(_compact(similarity_figure(test, "top1"), "{:.2f}"), test, "top1"),
         "failed_budgets": ", ".join(str(name) for name in test.get("failed_budgets") or []) or MISSING,
     }
 
@@ -785,7 +814,7 @@ def compare_note(report: Mapping[str, Any]) -> str | None:
     if not isinstance(compare, dict) or not isinstance(compare.get("counts"), dict):
         return None
     counts = ", ".join(f"{count} {verdict}" for verdict, count in compare["counts"].items()
-                       if isinstance(count, int) and (count or verdict in ("regressed", "ok")))
+                       if isinstance(count, int) and (count or verdict in (REGRESSED, OK)))
     against = one_line(str(compare.get("against") or MISSING))
     if compare.get("reference") == "window":
         reference = f"each test's window of up to {compare.get('window')} runs recorded by {against}"
@@ -793,10 +822,10 @@ def compare_note(report: Mapping[str, Any]) -> str | None:
         reference = f"the report {against}"
     gate = f" (gate {one_line(str(compare['gate']))})" if compare.get("gate") else ""
     text = f"Compared with {reference}{gate}: {counts}."
-    if compare["counts"].get("inconclusive"):
-        text += (" Inconclusive: the window cannot vouch for the test (a worsening past the limit within its runs' "
-                 "spread, or runs that vary too much for the limit); each such test says the smallest "
-                 "change its window could have flagged (its detectable size).")
+    if compare["counts"].get(INCONCLUSIVE):
+        text += (" Inconclusive: the comparison cannot vouch for the test (a worsening past the limit within its "
+                 "noise, or figures that vary too much for the limit); each such test says the smallest "
+                 "change it could have flagged (its detectable size).")
     return text
 
 
@@ -885,8 +914,8 @@ def ab_line(report: Mapping[str, Any], test: Mapping[str, Any]) -> str:
         details = [one_line(str(d)) for d in ab.get("details") or []]
         line += f"; {NOT_JUDGED}" + (f": {details[0]}" if details else "")
     elif isinstance(verdict, str) and verdict:
-        noise = within_noise(ab)
-        line += f"; {verdict}" + (f" ({', '.join(noise)} within noise)" if noise else "")
+        unseen = inconclusive_metrics(ab)
+        line += f"; {verdict}" + (f" ({', '.join(unseen)}: not resolved by the rounds)" if unseen else "")
     return line
 
 

@@ -10,27 +10,13 @@ run's environment: torch, transformers, CUDA, kernels, bitsandbytes) in which th
 model and workload (``compare.test_differences``). Runs of another hardware or stack are never pooled. When
 runs of another stack lie within the window, the details say since which run the stack changed and what
 changed; when none of this stack remain, the test is ``not comparable`` with that reason. With fewer than
-``MIN_WINDOW_RUNS`` runs the spread says too little (see below), and the test is judged against the newest of
-them as against one report (``compare.compare_test``, on its per-round samples), said so.
+``MIN_WINDOW_RUNS`` runs the spread says too little, and the test is ``new``: "building the history (N of 5
+runs)", recorded but not judged, said in every verbosity.
 
-**The rule**, per threshold of ``--opt-compare-fail``, on each run's figure (its median over rounds):
-the window's center is the median of its runs, its spread ``verdict.stats.robust_spread`` (1.4826 x MAD),
-floored for timed figures at ``MIN_TIMED_SPREAD`` of the center (identical medians are a coarse timer or
-too few runs, not a noiseless runner; a zero spread would make any change past the limit significant).
-Today's worsening ``w`` (percent of the center for a relative limit) is tested one-sided against "worse by
-the limit ``L``": ``t = (w - L) / se`` with ``se`` the spread of one new run against a median of ``n`` runs
-(``stats.new_run_scale``) and Student's t of ``stats.new_run_degrees_of_freedom(n)`` (a MAD carries fewer
-degrees of freedom than a standard deviation). The p-values of every window-judged threshold of the run form
-one family, adjusted by Benjamini-Hochberg (``stats.benjamini_hochberg``): when nothing changed (what a CI
-gate must not fail on) that keeps the chance of any false regression in the run at ``SIGNIFICANCE``, as Holm
-would, and when a change moves many tests together (a slower torch) it flags more of them than Holm.
-Improvements are a family of their own, tested the same way the other way round.
-
-**The verdicts.** ``regressed``: past the limit and significant after adjustment; ``improved`` likewise the
-other way; otherwise ``inconclusive`` where the window could not have flagged a change of
-``DETECTABLE_FACTOR`` times the limit (its *detectable size*, ``L + t_crit * se`` at the family's first
-Benjamini-Hochberg bar ``SIGNIFICANCE / m``, is larger), since then a real regression would pass unseen; else
-``ok``. ``inconclusive`` never fails the run but is listed with its detectable size.
+**The rule** (``verdict.window_rule``), per threshold of ``--opt-compare-fail``, on each run's figure (its median
+over rounds): today's worsening against the window's median, with the window's run-to-run spread as its error,
+the p-values of the run's window-judged thresholds adjusted as one family; the verdict is the one judge's
+(``verdict.judge.decide``). This module selects, orchestrates and words; it decides nothing.
 """
 
 from __future__ import annotations
@@ -46,22 +32,19 @@ from typing import Any
 
 from ..units import shown
 from ..verdict.ab import differing_versions, version_text
-from ..verdict.stats import (MIN_WINDOW_RUNS, SIGNIFICANCE, benjamini_hochberg, new_run_degrees_of_freedom,
-                             new_run_scale, robust_spread, student_t_isf, student_t_sf)
-from .compare import (INCONCLUSIVE, INCONCLUSIVE_TAG, INFORMATIONAL_METRICS, METRICS, NOT_SIGNIFICANT,
-                      REGRESSED_TAG, Threshold, beyond_limit, change_text, compare_test, figure_value,
-                      hardware_differences, judge_threshold, limit_text, measurement_missing, row_environment,
-                      row_hardware, signed_text, size_text, summarise, test_differences, verdict_keys, worsening)
+from ..verdict.compare import (INFORMATIONAL_METRICS, METRICS, REPORTS, Threshold, change_text, figure_value,
+                               hardware_differences, judge_threshold, measurement_missing, row_environment,
+                               row_hardware, test_differences, verdict_keys)
+from ..verdict.judge import (IMPROVED, INCONCLUSIVE, NEW, NOT_COMPARABLE, OK, REGRESSED, is_judged, new_row,
+                             not_comparable, worst)
+from ..verdict.stats import MIN_WINDOW_RUNS
+from ..verdict.window_rule import WindowFigure, adjust, window_figure
+from .compare import summarise
 from .history import History, HistoryRun, load_history, run_names
 
 READ_FACTOR = 2  # the window is drawn from the newest READ_FACTOR * N files: room for other hardware and stacks
-MIN_TIMED_SPREAD = 0.005
-"""Floor of a timed figure's spread, relative to its center: a timer's and a scheduler's noise is never 0."""
-DETECTABLE_FACTOR = 2.0
-"""A window that could not flag a worsening of twice the limit cannot vouch for the test: ``inconclusive``."""
-WINDOW_RULE = "window"
-WINDOW_VERDICTS: tuple[str, ...] = ("regressed", INCONCLUSIVE, "improved", "ok", "new", "not comparable")
-_SEVERITY = ("regressed", INCONCLUSIVE, "improved", "ok")  # a test's verdict is its worst threshold's
+BUILDING = "building the history"
+WINDOW_VERDICTS: tuple[str, ...] = (REGRESSED, INCONCLUSIVE, IMPROVED, OK, NEW, NOT_COMPARABLE)
 STACK_KEYS: tuple[tuple[str, str], ...] = (
     ("torch", "torch"), ("transformers", "transformers"), ("cuda", "CUDA"), ("kernels", "kernels"),
     ("bitsandbytes", "bitsandbytes"))
@@ -133,9 +116,9 @@ def select_window(runs: Sequence[HistoryRun], test: dict[str, Any], environment:
                   ) -> Selection:
     """The last ``size`` runs of ``runs`` (oldest first, as ``load_history`` gives them) in which ``test`` (a row of
     this run, measured in ``environment``) passed on the same hardware and stack with the same model and workload."""
-    missing = measurement_missing(test, "new")
+    missing = measurement_missing(test, REPORTS.new)
     if missing is not None:
-        return Selection(verdict="not comparable", reasons=[missing])
+        return Selection(verdict=NOT_COMPARABLE, reasons=[missing])
     nodeid, stack = test["nodeid"], stack_of(environment)
     seen_hardware: list[str] = []
     same_hardware: list[WindowRow] = []
@@ -150,10 +133,10 @@ def select_window(runs: Sequence[HistoryRun], test: dict[str, Any], environment:
             same_hardware.append(WindowRow(run, row))
             break  # a run holds a test once per hardware
     if not found:
-        return Selection(verdict="new", reasons=["not in the recorded runs"])
+        return Selection(verdict=NEW, reasons=["not in the recorded runs"])
     if not same_hardware:
         here = shown(row_hardware(test, environment) or environment.get("gpu_name") or environment.get("device"))
-        return Selection(verdict="not comparable", reasons=[
+        return Selection(verdict=NOT_COMPARABLE, reasons=[
             f"measured on different hardware: no recorded run on {here} (recorded on "
             f"{', '.join(dict.fromkeys(seen_hardware))})"])
     selection = Selection()
@@ -177,7 +160,7 @@ def select_window(runs: Sequence[HistoryRun], test: dict[str, Any], environment:
         changed = stack_change_text(stack_of(row_environment(other_stack.run.report, other_stack.row)), stack)
         selection.stack_note = f"the stack changed since run {other_stack.name} ({changed})"
     if not selection.rows:
-        selection.verdict = "not comparable"
+        selection.verdict = NOT_COMPARABLE
         if selection.stack_note:
             usable = "usable " if unusable else ""
             selection.reasons.append(f"{selection.stack_note}: no {usable}recorded run of this stack")
@@ -206,125 +189,6 @@ def reference_text(reference: Mapping[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# the rule
-
-
-@dataclass
-class WindowFigure:
-    """One threshold of one test judged on its window: the statistics, then (``finish``) the verdict."""
-
-    threshold: Threshold
-    values: list[float]  # the window's per-run figures
-    today: float
-    center: float
-    spread: float  # in the figure's units, after the floor
-    floored: bool
-    amount: float  # today's worsening, in the threshold's terms (percent of the center when relative)
-    scale: float  # the standard error of ``amount``, in the same terms
-    df: float
-    p_worse: float
-    p_better: float
-    p_worse_adjusted: float = 1.0
-    p_better_adjusted: float = 1.0
-    detectable: float = math.inf
-    verdict: str = "ok"
-
-    @property
-    def spread_pct(self) -> float | None:
-        return 100.0 * self.spread / abs(self.center) if self.center else None
-
-    def finish(self, family_size: int) -> None:
-        """The verdict, once the family's adjusted p-values are set."""
-        limit = self.threshold.limit
-        if self.scale > 0:
-            critical = student_t_isf(SIGNIFICANCE / max(family_size, 1), self.df)
-            self.detectable = limit + critical * self.scale
-        else:  # every run gave the same figure (memory, similarity): any change past the limit is real
-            self.detectable = limit
-        if beyond_limit(self.amount, limit) and self.p_worse_adjusted < SIGNIFICANCE:
-            self.verdict = "regressed"
-        elif beyond_limit(-self.amount, limit) and self.p_better_adjusted < SIGNIFICANCE:
-            self.verdict = "improved"
-        elif beyond_limit(self.amount, limit) or beyond_limit(self.detectable, DETECTABLE_FACTOR * limit):
-            # worse past the limit but within the window's noise, or a window too noisy to see twice the limit:
-            # not a pass the window vouches for (never a silent ok), not a failure either
-            self.verdict = INCONCLUSIVE
-        else:
-            self.verdict = "ok"
-
-    def detail(self) -> str:
-        threshold, fmt = self.threshold, METRICS[self.threshold.metric].fmt
-        metric = threshold.metric
-        change = (change_text(metric, self.center, self.today) if threshold.relative
-                  else signed_text(metric, self.today - self.center))
-        spread = f"{self.spread_pct:.1f}%" if threshold.relative and self.spread_pct is not None else fmt(self.spread)
-        text = (f"{metric} {fmt(self.today)} vs the window's median {fmt(self.center)} ({change}, limit "
-                f"{limit_text(threshold)}), spread {spread}{' (floor)' if self.floored else ''}, detectable "
-                f"{size_text(threshold, self.detectable)}")
-        past = beyond_limit(abs(self.amount), threshold.limit)
-        if past:
-            adjusted = self.p_worse_adjusted if self.amount > 0 else self.p_better_adjusted
-            text += f", adjusted p={adjusted:.2g}"
-        if self.verdict == "regressed":
-            return text + REGRESSED_TAG
-        if self.verdict == INCONCLUSIVE:
-            return text + INCONCLUSIVE_TAG
-        if self.verdict == "improved":
-            return text + ": improved"
-        return text + ": ok"
-
-    def record(self) -> dict[str, Any]:
-        """The ``regression.judged`` entry."""
-        worse = self.amount >= 0
-        note = None
-        if self.floored:
-            note = f"spread floored at {100 * MIN_TIMED_SPREAD:g}% of the median"
-        elif self.verdict == "ok" and beyond_limit(abs(self.amount), self.threshold.limit):
-            note = NOT_SIGNIFICANT
-        return {"metric": self.threshold.metric, "threshold": self.threshold.describe(), "old": self.center,
-                "new": self.today, "ratio": self.today / self.center if self.center else None, "rule": WINDOW_RULE,
-                "p_value": self.p_worse if worse else self.p_better, "rounds": None, "note": note,
-                "verdict": self.verdict, "runs": len(self.values), "spread": self.spread,
-                "spread_pct": self.spread_pct, "detectable": self.detectable,
-                "p_adjusted": self.p_worse_adjusted if worse else self.p_better_adjusted}
-
-
-def window_figure(threshold: Threshold, values: Sequence[float], today: float) -> WindowFigure | None:
-    """The statistics of one threshold on ``values`` (the window's per-run figures) and ``today``; None where the
-    window rule cannot judge (fewer than ``MIN_WINDOW_RUNS`` values, a relative limit on a median of 0)."""
-    metric = threshold.metric
-    if len(values) < MIN_WINDOW_RUNS:
-        return None
-    center, spread = robust_spread(values)
-    if threshold.relative and center == 0:
-        return None
-    floor = MIN_TIMED_SPREAD * abs(center) if METRICS[metric].timed else 0.0
-    floored = spread < floor
-    spread = max(spread, floor)
-    amount = worsening(metric, center, today, threshold.relative)
-    scale = new_run_scale(100.0 * spread / abs(center) if threshold.relative else spread, len(values))
-    df = new_run_degrees_of_freedom(len(values))
-    if scale > 0:
-        p_worse = student_t_sf((amount - threshold.limit) / scale, df)
-        p_better = student_t_sf((-amount - threshold.limit) / scale, df)
-    else:
-        p_worse = 0.0 if beyond_limit(amount, threshold.limit) else 1.0
-        p_better = 0.0 if beyond_limit(-amount, threshold.limit) else 1.0
-    return WindowFigure(threshold, list(values), today, center, spread, floored, amount, scale, df, p_worse, p_better)
-
-
-def adjust(figures: Sequence[WindowFigure]) -> None:
-    """Each figure's adjusted p-values (Benjamini-Hochberg over the run's window-judged thresholds, regressions
-    and improvements as two families) and then its verdict."""
-    for adjusted, figure in zip(benjamini_hochberg([f.p_worse for f in figures]), figures):
-        figure.p_worse_adjusted = adjusted
-    for adjusted, figure in zip(benjamini_hochberg([f.p_better for f in figures]), figures):
-        figure.p_better_adjusted = adjusted
-    for figure in figures:
-        figure.finish(len(figures))
-
-
-# ---------------------------------------------------------------------------------------------
 # a run against its history
 
 
@@ -346,7 +210,7 @@ class WindowComparison:
     lines: list[str]
     runs_read: int
     left_out: list[str]
-    empty: bool  # the folder holds no recorded run yet: this run starts the history
+    empty: bool  # the history is still being built (no test has MIN_WINDOW_RUNS runs): nothing judged, no failure
     said: bool  # the lines are printed in every verbosity mode: an inconclusive test (never a silent pass), a
     # changed stack, an empty history
     report_lines: list[str] = field(default_factory=list)  # under --opt-report: each ok or improved test's figures
@@ -358,7 +222,7 @@ def judged_lines(verdicts: Mapping[str, Mapping[str, Any]]) -> list[str]:
     lines = []
     for nodeid, result in verdicts.items():
         verdict = result.get("verdict")
-        if verdict not in ("ok", "improved") or not isinstance(result.get("reference"), dict):
+        if verdict not in (OK, IMPROVED) or not isinstance(result.get("reference"), dict):
             continue
         judged = [str(d).rsplit(": ", 1)[0] for d in result.get("details") or []
                   if str(d).endswith((": ok", ": improved"))]
@@ -394,22 +258,19 @@ def _finish(pending: _Pending, thresholds: Sequence[Threshold], folder: str) -> 
             center, fmt = statistics.median(values), METRICS[metric].fmt
             details.append(f"{metric} {fmt(today)} vs the window's median {fmt(center)} "
                            f"({change_text(metric, center, today)})")
-    verdict = next((v for v in _SEVERITY if v in verdicts), "ok")
+    verdict = worst(verdicts)
     result: dict[str, Any] = {"verdict": verdict, "details": details, "reference": reference}
     if judged:
         result["judged"] = judged
     return result
 
 
-def _against_newest(selection: Selection, test: dict[str, Any], thresholds: Sequence[Threshold], folder: str
-                    ) -> dict[str, Any]:
-    """A test whose window is too short: judged against its newest recorded run as against one report."""
-    newest = selection.rows[0]
-    result = compare_test(newest.row, test, list(thresholds))
-    result["details"] = [f"against {newest.name} alone: the window has {_runs(len(selection.rows))} of this test "
-                         f"(at least {MIN_WINDOW_RUNS} needed for a run-to-run spread)",
-                         *([selection.stack_note] if selection.stack_note else []), *result["details"]]
-    result["reference"] = reference_record([newest], "report", folder)
+def _building(selection: Selection) -> dict[str, Any]:
+    """A test whose window is still short: recorded, not judged, until ``MIN_WINDOW_RUNS`` runs give a spread."""
+    result = new_row(f"{BUILDING} ({len(selection.rows)} of {MIN_WINDOW_RUNS} runs of this test on this hardware and "
+                     f"stack; judged from {MIN_WINDOW_RUNS})")
+    if selection.stack_note:
+        result["details"].append(selection.stack_note)
     return result
 
 
@@ -453,7 +314,7 @@ def read_history(folder: str, size: int) -> History:
     return _read_history(folder, size, _signature(folder))
 
 
-def _newest_run_only(selection: Selection) -> bool:
+def _too_short(selection: Selection) -> bool:
     return len(selection.rows) < MIN_WINDOW_RUNS
 
 
@@ -467,14 +328,14 @@ def compare_with_window(folder: str, report: dict[str, Any], thresholds: Sequenc
     if not run_names(folder):
         for key in keys:
             if key is not None:
-                verdicts[key] = {"verdict": "new", "details": [f"no recorded run in {folder} yet"]}
-        lines = [f"note: no recorded run in {folder} yet: nothing to compare (a run recorded there with "
-                 f"--opt-history starts the window)",
+                verdicts[key] = new_row(f"{BUILDING}: no recorded run in {folder} yet")
+        lines = [f"{BUILDING}: 0 of {MIN_WINDOW_RUNS} runs recorded in {folder}; nothing is judged until a test has "
+                 f"{MIN_WINDOW_RUNS} (a run recorded there with --opt-history starts the window)",
                  *summarise(verdicts, f"the runs recorded in {folder}", None, WINDOW_VERDICTS)[-1:]]
         return WindowComparison(verdicts, lines, 0, [], True, True)
     history = read_history(folder, size)
     pending: list[_Pending] = []
-    newest_only = 0
+    building: list[int] = []
     stack_notes: dict[str, int] = {}
     stack_changed = False
     for test, key in zip(report.get("tests") or [], keys):
@@ -485,10 +346,11 @@ def compare_with_window(folder: str, report: dict[str, Any], thresholds: Sequenc
         if selection.stack_note and selection.rows:
             stack_notes[selection.stack_note] = stack_notes.get(selection.stack_note, 0) + 1
         if not selection.rows:
-            verdicts[key] = {"verdict": selection.verdict or "not comparable", "details": selection.reasons}
-        elif _newest_run_only(selection):
-            verdicts[key] = _against_newest(selection, test, thresholds, folder)
-            newest_only += 1
+            verdicts[key] = (new_row(selection.reasons[0]) if selection.verdict == NEW
+                             else not_comparable(selection.reasons))
+        elif _too_short(selection):
+            verdicts[key] = _building(selection)
+            building.append(len(selection.rows))
         else:
             pending.append(_Pending(key, selection, test, _window_parts(selection, test, thresholds)))
     adjust([part for p in pending for part in p.parts if isinstance(part, WindowFigure)])
@@ -509,14 +371,16 @@ def compare_with_window(folder: str, report: dict[str, Any], thresholds: Sequenc
                      f"the window: {'; '.join(history.left_out[:3])}"
                      + (f"; and {len(history.left_out) - 3} more" if len(history.left_out) > 3 else ""))
     lines += [f"stack changed ({_tests(count)}): {note}" for note, count in stack_notes.items()]
-    if newest_only:
-        lines.append(f"against the newest run only ({_tests(newest_only)}): the window has fewer than "
-                     f"{MIN_WINDOW_RUNS} runs of the test on this hardware and stack")
+    if building:
+        have = f"{min(building)}" if min(building) == max(building) else f"{min(building)}-{max(building)}"
+        lines.append(f"{BUILDING} ({_tests(len(building))}): {have} of {MIN_WINDOW_RUNS} runs on this hardware and "
+                     f"stack; recorded, not judged, until {MIN_WINDOW_RUNS}")
     lines += confirmation_lines
     lines += summarise(verdicts, f"the window of up to {_runs(size)} in {folder}", None, WINDOW_VERDICTS)
-    said = stack_changed or bool(confirmation_lines) \
+    said = stack_changed or bool(confirmation_lines) or bool(building) \
         or any(result.get("verdict") == INCONCLUSIVE for result in verdicts.values())
-    return WindowComparison(verdicts, lines, len(history.runs), list(history.left_out), False, said,
+    still_building = bool(building) and not any(is_judged(v.get("verdict")) for v in verdicts.values())
+    return WindowComparison(verdicts, lines, len(history.runs), list(history.left_out), still_building, said,
                             judged_lines(verdicts))
 
 
@@ -535,17 +399,12 @@ def regressed_entries(settings: Any, environment: Mapping[str, Any] | None, entr
     suspects = []
     for entry in entries:
         selection = select_window(history.runs, entry, dict(environment or {}), size)
-        if not selection.rows:
-            continue
-        if _newest_run_only(selection):
-            regressed = compare_test(selection.rows[0].row, entry, thresholds)["verdict"] == "regressed"
-        else:
-            parts = _window_parts(selection, entry, thresholds)
-            for part in parts:
-                if isinstance(part, WindowFigure):
-                    adjust([part])  # a family of one
-            regressed = any((part.verdict if isinstance(part, WindowFigure) else part[0]) == "regressed"
-                            for part in parts)
-        if regressed:
+        if not selection.rows or _too_short(selection):
+            continue  # nothing judged yet: nothing to confirm
+        parts = _window_parts(selection, entry, thresholds)
+        for part in parts:
+            if isinstance(part, WindowFigure):
+                adjust([part])  # a family of one
+        if worst(part.verdict if isinstance(part, WindowFigure) else part[0] for part in parts) == REGRESSED:
             suspects.append(entry)
     return suspects

@@ -386,7 +386,9 @@ class ReportWriter:
         settings = self.settings
         if settings.compare is None or (settings.compare_report is None and settings.compare_history is None):
             return
-        from .compare import attach_verdicts, compare_reports, nothing_judged, summarise
+        from ..verdict.compare import attach_verdicts, compare_reports, nothing_judged
+        from ..verdict.judge import INCONCLUSIVE, REGRESSED
+        from .compare import summarise
 
         against = f"{settings.sources.get('compare', '--opt-compare')}={settings.compare}"
         first_run = said = False
@@ -403,6 +405,7 @@ class ReportWriter:
                 assert settings.compare_report is not None
                 verdicts = compare_reports(settings.compare_report, report, settings.compare_thresholds)
                 lines = summarise(verdicts, settings.compare, settings.compare_report)
+                said = any(v.get("verdict") == INCONCLUSIVE for v in verdicts.values())  # never a silent pass
         except Exception as exc:  # a gate that cannot judge must not pass silently
             self._problem(f"{against}: could not compare the reports: {describe_error(exc)}",
                           fails_run=bool(settings.compare_thresholds))
@@ -411,7 +414,7 @@ class ReportWriter:
         report["compare"] = _compare_record(against, settings, verdicts)
         self.end.compare_lines = ["", *report_lines, *lines]
         self.end.compare_report_lines = len(report_lines)
-        regressed = sum(v.get("verdict") == "regressed" for v in verdicts.values())
+        regressed = sum(v.get("verdict") == REGRESSED for v in verdicts.values())
         gate = f"{settings.sources.get('compare_fail', '--opt-compare-fail')}={settings.compare_fail}"
         # the first run of a history has nothing to be judged against: said, and not a failure
         unjudged = nothing_judged(verdicts) if settings.compare_thresholds and not first_run else None
@@ -435,7 +438,7 @@ class ReportWriter:
         gate = f"{source}={text if isinstance(text, str) and text else describe_thresholds(thresholds)}"
         try:
             complete_ab(report, thresholds, getattr(self.session, "ab_candidate", None))
-            lines, failure = gate_lines(report, thresholds, gate) if thresholds else ([], None)
+            lines, failure = gate_lines(report, thresholds, gate)  # without thresholds: what could not be compared
         except Exception as exc:  # a gate that cannot judge must not pass silently
             self._problem(f"{gate if thresholds else '--opt-ab'}: could not judge the A/B records: "
                           f"{describe_error(exc)}", fails_run=bool(thresholds))

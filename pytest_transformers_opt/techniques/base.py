@@ -154,7 +154,10 @@ class Technique:
         return None
 
     def around_generate(self, model: Any) -> ContextManager[Any]:
-        """A context entered around every generate call of this configuration (flags, hooks, profilers)."""
+        """A context entered around every generate (or ``generate_batch``) call of this configuration: warm-up,
+        timed rounds, verified and forced runs (flags, hooks, profilers). The method is looked up after it is
+        entered, so a ``generate``, ``forward`` or hook it installs on ``model`` is what runs; the clock spans
+        it, enter and exit included. Undo on exit what it installed (the baseline may share the model)."""
         return contextlib.nullcontext()
 
     def observe(self, model: Any, evidence: RunEvidence) -> ContextManager[Any]:

@@ -10,8 +10,9 @@ change. The word is the plugin's own: faster / slower where the interval exclude
 interval, where the rank test is significant), larger / smaller for peak memory past the memory budgets'
 slack, otherwise no significant difference.
 
-The gate (``--opt-ab-fail``) is judged in ``report.ab`` by ``--opt-compare-fail``'s rules; here is what it
-may name: speedup and memory_ratio need a baseline, which the reference does not run.
+The gate (``--opt-ab-fail``) is judged here (``judge_ab``) by ``--opt-compare-fail``'s rules and the one judge
+(``verdict.judge``); it may name every figure but speedup and memory_ratio, which need a baseline the reference
+does not run.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from .results import FASTER, LARGER, NO_DIFFERENCE, SLOWER, SMALLER
 from .stats import MIN_BOOTSTRAP_SAMPLES, SIGNIFICANCE, mann_whitney_greater, median_ratio_interval
 
 if TYPE_CHECKING:
-    from ..report.compare import Threshold
+    from .compare import Threshold
 
 # metric -> (key on a side, per-round samples key or None, higher is better), in the order the reports show them
 FIGURES: dict[str, tuple[str, str | None, bool]] = {
@@ -39,7 +40,7 @@ FIGURES: dict[str, tuple[str, str | None, bool]] = {
     "peak_memory": ("peak_memory_bytes", None, False),
 }
 AB_METRICS: tuple[str, ...] = (*FIGURES, "kl_mean", "kl_max", "top1", "token_match")
-"""What ``--opt-ab-fail`` may name (``report.compare.METRICS`` less ``REFUSED_METRICS``)."""
+"""What ``--opt-ab-fail`` may name (``verdict.compare.METRICS`` less ``REFUSED_METRICS``)."""
 REFUSED_METRICS: tuple[str, ...] = ("speedup", "memory_ratio")
 IDENTICAL_STACKS = "identical stacks"
 BLOCKS = "blocks"
@@ -47,7 +48,7 @@ NOT_INSTALLED = "not installed"
 
 
 def check_ab_thresholds(thresholds: Sequence["Threshold"], where: str = "--opt-ab-fail") -> list["Threshold"]:
-    """``thresholds`` (parsed by ``report.compare.parse_compare_fail``) when each names a figure both environments
+    """``thresholds`` (parsed by ``verdict.compare.parse_compare_fail``) when each names a figure both environments
     measure; else an OptConfigError naming ``where`` and what it accepts."""
     for threshold in thresholds:
         if threshold.metric in REFUSED_METRICS:
@@ -135,26 +136,43 @@ def ab_figures(row: Mapping[str, Any], ab: Mapping[str, Any]) -> dict[str, dict[
 # --------------------------------------------------------------------------- what differs
 
 
-def stack_versions(stack: Any) -> dict[str, str | None]:
-    """A stack's (``{"python", "python_version"?, "versions"}``) package versions, with ``python`` for the
-    interpreter's version where the stack records it."""
+class StackVersions(dict[str, "str | None"]):
+    """A stack's versions by package; ``complete``: the stack lists every distribution its interpreter has
+    (``engine.ab_worker.installed_distributions``), so a package it lacks is not installed there, where an
+    older record's fixed list says nothing of packages it did not name."""
+
+    complete: bool = False
+
+
+def stack_versions(stack: Any) -> StackVersions:
+    """A stack's (``{"python", "python_version"?, "versions", "complete"?}``) package versions, with ``python`` for
+    the interpreter's version where the stack records it."""
+    found = StackVersions()
     if not isinstance(stack, Mapping):
-        return {}
-    versions = stack.get("versions")
-    found: dict[str, str | None] = {}
-    if isinstance(versions, Mapping):
-        found = {str(name): None if version is None else str(version) for name, version in versions.items()}
+        return found
     if isinstance(stack.get("python_version"), str):
-        found = {"python": stack["python_version"], **found}
+        found["python"] = stack["python_version"]
+    versions = stack.get("versions")
+    if isinstance(versions, Mapping):
+        found.update({str(name): None if version is None else str(version) for name, version in versions.items()})
+    found.complete = stack.get("complete") is True
     return found
+
+
+def _known(versions: Mapping[str, str | None], name: str) -> bool:
+    """The stack says whether ``name`` is installed: it names it, or it lists everything (the interpreter's own
+    version excepted: an older record may lack it)."""
+    return name in versions or (getattr(versions, "complete", False) and name != "python")
 
 
 def differing_versions(candidate: Mapping[str, str | None], reference: Mapping[str, str | None]
                        ) -> list[tuple[str, str | None, str | None]]:
-    """(package, candidate version, reference version) of each package both stacks report with different
-    versions (None: not installed), in the reference's order."""
-    return [(name, candidate[name], version) for name, version in reference.items()
-            if name in candidate and candidate[name] != version]
+    """(package, candidate version, reference version) of each package whose versions differ (None: not
+    installed), compared over every package both stacks can speak for: each name either lists, where both are
+    complete, else the names both list; in the reference's order, then the candidate's."""
+    names = dict.fromkeys([*reference, *candidate])
+    return [(name, candidate.get(name), reference.get(name)) for name in names
+            if _known(candidate, name) and _known(reference, name) and candidate.get(name) != reference.get(name)]
 
 
 def version_text(version: str | None) -> str:
@@ -169,9 +187,35 @@ def what_differs(candidate: Mapping[str, str | None], reference: Mapping[str, st
 
 
 def stack_note(candidate: Mapping[str, str | None], reference: Mapping[str, str | None]) -> str | None:
-    """``identical stacks`` when every package both report has the same version (an A/B of an environment
-    against itself: a null comparison, and the report says so); None otherwise, or when no package is
-    reported by both (nothing to tell)."""
+    """``identical stacks`` when no package differs (``differing_versions``: with two complete stacks, every
+    distribution, its version and whether it is installed at all): an A/B of an environment against itself, a
+    null comparison, and the report says so. None otherwise, or when no package is reported by both."""
     if not set(candidate) & set(reference) or differing_versions(candidate, reference):
         return None
     return IDENTICAL_STACKS
+
+
+# How the reference's distributions compare with themselves: what the candidate's similarity is judged against.
+_SELF_SIMILARITY = {"kl_mean": 0.0, "kl_max": 0.0, "top1": 1.0, "token_match": 1.0}
+
+
+def judge_ab(row: Mapping[str, Any], ab: Mapping[str, Any], thresholds: Sequence["Threshold"], *,
+             paired: bool | None = None) -> dict[str, Any]:
+    """``{"verdict", "details", "judged"?}`` of one test against ``thresholds`` (``--opt-ab-fail``), judged as
+    ``--opt-compare-fail`` judges two reports (``judged`` records: ``old`` is the reference, ``new`` the
+    candidate) but within one job, so with no between-run term: interleaved rounds on their pairs, ``blocks``
+    unpaired, or as ``paired`` says (the A/B study judges the same sessions both ways); ``not judged`` when a
+    side has no measurement."""
+    from .compare import Sides, compare_test
+    from .judge import NOT_JUDGED
+
+    missing = [side for side, part in (("candidate", row.get("optimized")), ("reference", ab.get("optimized")))
+               if not isinstance(part, dict)]
+    if missing:
+        return {"verdict": NOT_JUDGED, "details": [f"no measurement on the {' and '.join(missing)} side"]}
+    reference = {"optimized": ab["optimized"], "similarity": dict(_SELF_SIMILARITY)}
+    candidate = {"optimized": row["optimized"], "similarity": ab.get("similarity")}
+    if paired is None:
+        paired = ab.get("mode") != BLOCKS
+    sides = Sides(old="reference", new="candidate", record="side", paired=paired)
+    return compare_test(reference, candidate, list(thresholds), sides)

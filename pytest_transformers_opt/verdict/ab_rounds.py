@@ -16,7 +16,7 @@ from .sequential import (AB_MAX_ROUNDS, AB_MAX_SECONDS, AB_MIN_PAIRS, AUTO_ROUND
                          RoundsRule, sprt)
 
 if TYPE_CHECKING:
-    from ..report.compare import Threshold
+    from .compare import Threshold
 
 # The fewest pairs after which the rounds stop at a change (``regressed`` or ``improved``); "no change" stops from
 # AB_MIN_PAIRS (5). The one false regression of 20 null sessions stopped at 5 pairs, every pair one way: a slow

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from ..errors import OptConfigError
 from ..files import JsonProblem, parse_json, read_limited, write_atomic
-from .similarity import NEAR_TIE_LOGPROB_GAP, PREFIX_ONLY_NOTE, Similarity, common_prefix, compare_runs, diverged
+from .similarity import (PREFIX_ONLY_NOTE, Similarity, common_prefix, compare_runs, diverged, is_near_tie,
+                         near_tie_gap, pair_gap_move, set_agreement)
 
 if sys.platform != "win32":  # POSIX; on Windows writes are still atomic, only not serialised between processes
     import fcntl
@@ -559,17 +560,77 @@ def similarity_against_stored(stored: StoredBaseline, optimized_tokens: list[lis
     ``token_match`` is exactly ``compare_runs``'. KL(baseline || optimized) is estimated from the
     stored top-k: the k ids one by one plus the rest as one bucket (the optimized rest is the mass of
     all its other tokens), a lower bound of the exact KL by the log-sum inequality. ``top1`` compares
-    the stored top id with the optimized argmax; ``near_tie`` uses the stored log-probabilities of the
-    two tokens at the divergence (no tie when the optimized token is outside the stored top-k). Any NaN
-    makes ``kl_mean``, ``kl_max`` and ``top1`` NaN.
+    the stored top id with the optimized argmax. Near-ties (of top-1 flips and of divergences) follow
+    ``compare_runs``' rule with the stored baseline's dtype, reading the baseline's two log-probabilities
+    from the stored top-k (no tie when the optimized token is outside it). Any NaN makes ``kl_mean``,
+    ``kl_max`` and ``top1`` NaN.
     """
     import torch
 
-    result = compare_runs(stored.tokens, optimized_tokens, requested)  # token_match; raises on a count mismatch
+    result = compare_runs(stored.tokens, optimized_tokens, requested, dtype=stored.dtype)  # token_match; raises on a count mismatch
     result.note = None
     if stored.topk is None or optimized_logprobs is None:
         result.note = _NO_DISTRIBUTIONS if stored.topk is not None else "stored baseline holds tokens only (no per-step distributions)"
         return result
+    if len(optimized_logprobs) != len(optimized_tokens):
+        raise ValueError(f"{len(optimized_tokens)} optimized sequences but {len(optimized_logprobs)} log-probability tensors")
+    forced = forced_logprobs is not None
+    if forced_logprobs is not None and len(forced_logprobs) != len(stored.tokens):
+        raise ValueError(f"{len(stored.tokens)} stored sequences but {len(forced_logprobs)} forced log-probability tensors")
+    source = forced_logprobs if forced_logprobs is not None else optimized_logprobs
+    gap = near_tie_gap(stored.dtype)
+
+    def near_tie(step: Mapping[str, Any], opt_step: Any, base_tok: int, opt_tok: int) -> bool:
+        by_id = dict(zip(step["ids"], step["logprobs"]))
+        return base_tok in by_id and opt_tok in by_id and is_near_tie(
+            pair_gap_move(by_id[base_tok], by_id[opt_tok], float(opt_step[base_tok]), float(opt_step[opt_tok])), gap)
+
+    kls: list[float] = []
+    flips = near_tie_flips = 0
+    ties: list[bool] = []
+    saw_nan = False
+    for index, (base_seq, opt_seq) in enumerate(zip(stored.tokens, optimized_tokens)):
+        prefix = common_prefix(base_seq, opt_seq)
+        stored_steps = stored.topk[index]
+        opt_lp = torch.as_tensor(source[index]).detach().to("cpu", torch.float64)
+        # forced: every stored position has the stored context; free: up to the first divergent step
+        steps = min(len(stored_steps) if forced else prefix + 1, len(stored_steps), opt_lp.shape[0])
+        if steps == 0:
+            continue
+        width = max(len(s["ids"]) for s in stored_steps[:steps])
+        if any(len(s["ids"]) != width for s in stored_steps[:steps]):
+            raise ValueError(f"stored baseline {stored.key}: top-k widths differ between steps")
+        ids = torch.tensor([s["ids"] for s in stored_steps[:steps]], dtype=torch.long)
+        base = torch.tensor([s["logprobs"] for s in stored_steps[:steps]], dtype=torch.float64)
+        base_rest = torch.tensor([-math.inf if s["rest_logprob"] is None else s["rest_logprob"]
+                                  for s in stored_steps[:steps]], dtype=torch.float64)
+        opt = opt_lp[:steps]
+        if int(ids.max()) >= opt.shape[-1]:
+            raise ValueError(f"stored baseline {stored.key} has token ids up to {int(ids.max())}, but the "
+                             f"optimized vocabulary has {opt.shape[-1]} entries (another tokenizer?)")
+        opt_top = opt.gather(-1, ids)
+        opt_rest = torch.logsumexp(opt.scatter(-1, ids, float("-inf")), dim=-1)
+        p_base, p_rest = base.exp(), base_rest.exp()
+        zero = torch.zeros((), dtype=torch.float64)
+        per_id = torch.where(p_base > 0, p_base * (base - opt_top), zero).sum(dim=-1)
+        rest = torch.where(p_rest > 0, p_rest * (base_rest - opt_rest), zero)
+        kl = (per_id + rest).clamp_min(0.0)  # KL >= 0; rounding can dip below
+        nan_rows = base.isnan().any(-1) | opt.isnan().any(-1) | base_rest.isnan()
+        saw_nan = saw_nan or bool(nan_rows.any())
+        kls.extend(torch.where(nan_rows, torch.full_like(kl, math.nan), kl).tolist())
+        opt_argmax = opt.argmax(-1)
+        for step in (ids[:, 0] != opt_argmax).nonzero().flatten().tolist():
+            flips += 1
+            near_tie_flips += near_tie(stored_steps[step], opt[step], int(ids[step, 0]), int(opt_argmax[step]))
+        if prefix < min(len(base_seq), len(opt_seq)):
+            ties.append(prefix < min(len(stored_steps), opt_lp.shape[0])
+                        and near_tie(stored_steps[prefix], opt_lp[prefix], base_seq[prefix], opt_seq[prefix]))
+    set_agreement(result, kls, flips, near_tie_flips, saw_nan, ties)
+    result.note = (f"KL estimated from stored top-k (k={stored.k}), a lower bound; baseline tokens and "
+                   f"distributions from stored baseline {stored.key}")
+    if not forced and diverged(stored.tokens, optimized_tokens):
+        result.note += f"; {PREFIX_ONLY_NOTE}"
+    return result
     if len(optimized_logprobs) != len(optimized_tokens):
         raise ValueError(f"{len(optimized_tokens)} optimized sequences but {len(optimized_logprobs)} log-probability tensors")
     forced = forced_logprobs is not None

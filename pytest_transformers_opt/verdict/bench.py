@@ -335,21 +335,21 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         if session.settings.ab:
             result.notes.append(AB_NOT_FOR_TENSOR_PARALLEL)
         return Measurement(result)
+    base_timings, opt_timings = Timings(), Timings()  # the reference's requests are timed out from opt_timings
     ab: ReferenceSide | None = None  # interleaved: the reference's side takes a turn in every round
     blocks: AlternatingBlocks | None = None  # or its rounds in blocks of their own, between the candidate's
     if session.settings.ab:
         mode, why = ab_mode(session, opt, base)
         if mode == "interleaved":
-            ab = ReferenceSide.start(session, plan, opt, workload, check_length)
+            ab = ReferenceSide.start(session, plan, opt, workload, check_length, opt_timings)
         elif mode == "blocks":
             assert why is not None
             blocks = AlternatingBlocks(session, plan, [opt] + ([base] if base is not None else []), workload,
-                                       check_length, why)
+                                       check_length, why, opt_timings)
             notes.append(blocks.note())
         elif why:
             notes.append(why)
 
-    base_timings, opt_timings = Timings(), Timings()
     minimum, maximum = warmup_bounds(workload.warmup, opt.generation.compile, session.hardware.is_cuda)
 
     def warm_both() -> tuple[float, ...]:
@@ -418,7 +418,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
     else:
         assert reference is not None  # no stored baseline, so the baseline model was loaded and run
         similarity = compare_runs(reference.tokens, verification.tokens, workload.max_new_tokens,
-                                  reference.logprobs, verification.logprobs, forced)
+                                  reference.logprobs, verification.logprobs, forced, dtype=plan.probe_context.dtype)
 
     recompiles: list[int] = []
 
@@ -464,7 +464,8 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         if session.settings.budgets != "off" else {}
 
     # --opt-ab-fail thresholds on rounds: interleaved rounds go on while their verdict is open (verdict.ab_rounds)
-    ab_gate = ab_thresholds_to_settle(session.settings.ab_thresholds) if ab is not None and rule.sequential else []
+    ab_gate = ab_thresholds_to_settle(session.settings.ab_thresholds) \
+        if ab is not None and ab.not_comparable is None and rule.sequential else []
     if ab_gate:
         decision.ab_max_rounds = ab_cap(rule)
         decision.ab_max_seconds = ab_time_cap(rule)
@@ -634,7 +635,7 @@ def _run_tensor_parallel_bench(session: "OptSession", plan: "TestPlan", base: Op
     if problem:
         raise OptProofError(f"silent fallback: {problem}")
     similarity = compare_runs(reference.tokens, tp.tokens, workload.max_new_tokens, reference.logprobs, tp.logprobs,
-                              tp.forced_logprobs)
+                              tp.forced_logprobs, dtype=plan.probe_context.dtype)
     forced_note = ([forced_run_note(len(reference.tokens), workload.max_new_tokens, "in the ranks")]
                    if tp.forced_logprobs is not None else [])
     return OptResult(

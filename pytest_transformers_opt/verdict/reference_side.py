@@ -29,18 +29,45 @@ if TYPE_CHECKING:
 
 WHERE = "in the reference environment"
 
+# Each request to the reference's worker has a time limit, from the candidate's own time for the same work: a
+# reference that stops answering is killed and its test's A/B is not comparable, where it would hang the session.
+TIMEOUT_FACTOR = 20.0  # a reference 20x slower than the candidate at the same request is taken for hung
+REQUEST_FLOOR_S = 60.0  # never less, for a round: a 50 ms round may stall for seconds on a busy machine
+LOAD_FLOOR_S = 300.0  # never less, for a load: the reference may convert or quantize what the candidate had cached
+
+
+def request_timeout(candidate_seconds: list[float], floor_s: float) -> float:
+    """``max(floor_s, TIMEOUT_FACTOR x the slowest of candidate_seconds)``: a request's time limit in the
+    reference from the candidate's own time for the same request."""
+    return max(floor_s, TIMEOUT_FACTOR * max((s for s in candidate_seconds if s and s > 0), default=0.0))
+
+
+def reference_stack(worker: "ReferenceWorker") -> dict[str, Any]:
+    """The reference's stack as a row's A/B record holds it: its interpreter, its Python, every distribution."""
+    return {"python": worker.python, "python_version": worker.python_version, "versions": dict(worker.versions),
+            "complete": True}
+
 
 class ReferenceSide:
-    """The optimized configuration in the reference environment, for one ``opt_bench`` call."""
+    """The optimized configuration in the reference environment, for one ``opt_bench`` call.
 
-    def __init__(self, worker: "ReferenceWorker", key: str, opt: "OptModel", workload: "Workload",
-                 check_length: Callable[..., None], loaded: dict[str, Any]) -> None:
+    A side whose reference cannot run the configuration (a technique it lacks) or stopped answering holds
+    ``not_comparable`` (why): from then on it runs nothing, the candidate's rounds go on without it, and its
+    record says ``not comparable`` with the reason. The candidate's own verdict stands either way."""
+
+    def __init__(self, worker: "ReferenceWorker | None", key: str, opt: "OptModel", workload: "Workload",
+                 check_length: Callable[..., None], candidate: Timings | None, stack: dict[str, Any],
+                 nodeid: str) -> None:
         self.worker = worker
         self.key = key
         self.labels = opt.labels
         self.workload = workload
         self.timings = Timings()
-        self.loaded = loaded  # the worker's load figures: load_time_s, load_peak_bytes, resident_bytes ...
+        self.loaded: dict[str, Any] = {}  # the worker's load figures: load_time_s, load_peak_bytes, resident_bytes ...
+        self.candidate = candidate if candidate is not None else Timings()  # its times set each request's limit
+        self.stack = stack
+        self.nodeid = nodeid
+        self.not_comparable: str | None = None
         self._check_length = check_length
         self.verification: "ReferenceRun | None" = None
         self.logprobs_at_target: list[Any] | None = None
@@ -52,50 +79,98 @@ class ReferenceSide:
 
     @classmethod
     def start(cls, session: "OptSession", plan: "TestPlan", opt: "OptModel", workload: "Workload",
-              check_length: Callable[..., None]) -> "ReferenceSide":
-        """Load the configuration in the reference (its worker started on first use); a technique the
-        reference cannot run skips the test, saying so; a reference that cannot be used fails it."""
-        worker = session.reference_worker()
+              check_length: Callable[..., None], candidate: Timings | None = None) -> "ReferenceSide":
+        """Load the configuration in the reference (its worker started on first use); a technique the reference
+        cannot run, or a reference that stopped answering (now or in an earlier test), makes the side not
+        comparable; a reference that cannot be used fails the test. ``candidate``: the candidate's optimized
+        timings, read as they grow (each request's time limit)."""
         key = repr(opt.loaded.key)
-        loaded = _call(session, lambda: worker.load(key, plan.optimized.request, plan.model_path, opt.techniques,
-                                                    session.device, session.conftests_registering_techniques()))
-        if loaded.get("skip"):
-            pytest.skip(f"--opt-ab: {loaded['skip']}")
-        return cls(worker, key, opt, workload, check_length, loaded)
+        gone = session.reference_gone
+        if gone is not None:  # killed in an earlier test: not started again, each later test says why
+            side = cls(None, key, opt, workload, check_length, candidate, gone[1], plan.nodeid)
+            side.not_comparable = gone[0]
+            return side
+        worker = session.reference_worker()
+        side = cls(worker, key, opt, workload, check_length, candidate, reference_stack(worker), plan.nodeid)
+        timeout = request_timeout([opt.loaded.load_time_s or 0.0], LOAD_FLOOR_S)
+        loaded = side._request(session, lambda: worker.load(key, plan.optimized.request, plan.model_path,
+                                                            opt.techniques, session.device,
+                                                            session.conftests_registering_techniques(),
+                                                            timeout_s=timeout))
+        if loaded is not None and loaded.get("skip"):
+            side.not_comparable = str(loaded["skip"])  # the reference cannot run it: the candidate's verdict stands
+        elif loaded is not None:
+            side.loaded = loaded
+        return side
 
-    def _generate(self, session: "OptSession", **kwargs: Any) -> "ReferenceRun":
-        workload = self.workload
-        run: "ReferenceRun" = _call(session, lambda: self.worker.generate(self.key, workload.prompts, workload.max_new_tokens,
-                                                          workload.batch_size, **kwargs))
-        self._check_length(run, f"reference-environment ({self.worker.python})", self.labels, workload)
+    def _request(self, session: "OptSession", action: Callable[[], Any]) -> Any:
+        """One request to the worker; None once the side is not comparable (already, or now: the worker stopped
+        answering, was killed, and the session starts no other). A dead worker or a failed request fails the test."""
+        from ..engine.ab_client import ReferenceStoppedAnswering
+
+        if self.not_comparable is not None:
+            return None
+        try:
+            return _call(session, action)
+        except ReferenceStoppedAnswering as exc:
+            self.not_comparable = f"the reference stopped answering after {exc.seconds:.0f} s: {exc}"
+            session.reference_stopped_answering(
+                f"the reference stopped answering in {self.nodeid} (after {exc.seconds:.0f} s, killed); this session "
+                f"starts no other: no A/B for the tests after it", self.stack)
+            return None
+
+    def _round_timeout(self) -> float:
+        """A round's time limit: from the candidate's slowest round of this test so far (warm-up ones included,
+        so a first call's compilation counts)."""
+        candidate = self.candidate
+        return request_timeout([*candidate.warmup_s, *(r.total_s for r in candidate.rounds)], REQUEST_FLOOR_S)
+
+    def _generate(self, session: "OptSession", **kwargs: Any) -> "ReferenceRun | None":
+        workload, worker, timeout = self.workload, self.worker, self._round_timeout()
+        if worker is None:
+            return None
+        run: "ReferenceRun | None" = self._request(session, lambda: worker.generate(
+            self.key, workload.prompts, workload.max_new_tokens, workload.batch_size, timeout_s=timeout, **kwargs))
+        if run is not None:
+            self._check_length(run, f"reference-environment ({self.stack['python']})", self.labels, workload)
         return run
 
     def warm(self, session: "OptSession") -> float:
-        seconds = self._generate(session).timing.total_s
-        self.timings.warmup_s.append(seconds)
-        return seconds
+        """One warm-up round; its seconds. A side that runs nothing says ``STOPPED_WARMUP_S`` every time, so it
+        never holds the others' warm-up open."""
+        run = self._generate(session)
+        if run is None:
+            return STOPPED_WARMUP_S
+        self.timings.warmup_s.append(run.timing.total_s)
+        return run.timing.total_s
 
     def timed_round(self, session: "OptSession") -> None:
-        self.timings.rounds.append(self._generate(session).timing)
+        run = self._generate(session)
+        if run is not None:
+            self.timings.rounds.append(run.timing)
 
     def verify(self, session: "OptSession", target: list[list[int]] | None) -> None:
         """The reference's verification run: memory, the proof that each technique ran there too, and its
         distributions at ``target`` (the baseline's tokens), forced when its own tokens went elsewhere."""
         run = self._generate(session, keep_logits=True, observe=True, memory=True)
+        if run is None:
+            return
         if run.problems:
-            raise OptProofError(f"silent fallback {WHERE} ({self.worker.python}): {'; '.join(run.problems)}")
+            raise OptProofError(f"silent fallback {WHERE} ({self.stack['python']}): {'; '.join(run.problems)}")
         self.verification = run
         if target is None or run.logprobs is None:
             self.logprobs_at_target = run.logprobs
         elif diverged(target, run.tokens):
-            self.logprobs_at_target = self._generate(session, force_tokens=target).logprobs
+            forced = self._generate(session, force_tokens=target)
+            self.logprobs_at_target = forced.logprobs if forced is not None else None
         else:
             self.logprobs_at_target = run.logprobs
 
     def compare(self, candidate_tokens: list[list[int]], candidate_logprobs_at_target: list[Any] | None) -> None:
         """KL(reference || candidate) and top-1 agreement at identical contexts (the baseline's tokens), and
         how far the two environments' free-running greedy tokens agree."""
-        assert self.verification is not None
+        if self.verification is None or self.not_comparable is not None:
+            return
         if candidate_logprobs_at_target is None or self.logprobs_at_target is None:
             self.similarity = compare_runs(self.verification.tokens, candidate_tokens, self.workload.max_new_tokens)
             return
@@ -105,22 +180,30 @@ class ReferenceSide:
 
     def record(self, side_metrics: Callable[..., Any]) -> dict[str, Any]:
         """The row's ``ab`` record: the reference stack, its optimized side, the cross-environment similarity.
-        Verdicts are computed from it when the report is built (``verdict.ab``)."""
-        assert self.verification is not None
-        optimized = side_metrics(self.timings, self.loaded, self.verification)
+        Verdicts are computed from it when the report is built (``verdict.ab``); a side that is not comparable
+        records no figures, its verdict and why (``not_comparable``, which the report keeps as it is)."""
         self.load_averages = self.load_averages[:1] + [_load_average()]
-        return {
+        common: dict[str, Any] = {
             "mode": self.mode,
             **({"blocks": [list(block) for block in self.blocks],
                 "swap_s": self.blocks_of.swap_s if self.blocks_of is not None else None}
                if self.blocks is not None else {}),
             "load_average": [value for value in self.load_averages if value is not None] or None,
             "cores": _cores(),
-            "reference": {"python": self.worker.python, "python_version": self.worker.python_version,
-                          "versions": dict(self.worker.versions)},
-            "optimized": optimized.to_dict(),
-            "similarity": self.similarity.to_dict() if self.similarity is not None else None,
+            "reference": dict(self.stack),
         }
+        if self.not_comparable is not None:
+            from .judge import NOT_COMPARABLE
+
+            return {**common, "optimized": None, "similarity": None, "not_comparable": self.not_comparable,
+                    "verdict": NOT_COMPARABLE, "details": [self.not_comparable]}
+        assert self.verification is not None
+        optimized = side_metrics(self.timings, self.loaded, self.verification)
+        return {**common, "optimized": optimized.to_dict(),
+                "similarity": self.similarity.to_dict() if self.similarity is not None else None}
+
+
+STOPPED_WARMUP_S = 1.0
 
 
 BLOCK_ROUNDS = 5  # the candidate's rounds per block; the reference runs its blocks in pairs between them
@@ -136,8 +219,9 @@ class AlternatingBlocks:
     The reference side is loaded at its first block, with the candidate's models off the device."""
 
     def __init__(self, session: "OptSession", plan: "TestPlan", candidates: list["OptModel"], workload: "Workload",
-                 check_length: Callable[..., None], why: str) -> None:
+                 check_length: Callable[..., None], why: str, candidate: Timings | None = None) -> None:
         self.session, self.plan, self.workload, self.check_length = session, plan, workload, check_length
+        self.candidate = candidate  # the candidate's optimized timings: each reference request's time limit
         self.candidates = candidates  # the optimized model, and the baseline's where it was loaded
         self.why = why
         self.side: ReferenceSide | None = None
@@ -178,7 +262,7 @@ class AlternatingBlocks:
         from ..engine.parking import park
 
         done = len(self.side.timings.rounds) if self.side is not None else 0
-        if target <= done:
+        if target <= done or (self.side is not None and self.side.not_comparable is not None):
             return
         homes = [str(next(iter(model.model.parameters())).device) for model in self.candidates]
         try:
@@ -186,22 +270,32 @@ class AlternatingBlocks:
             side = self.side
             if side is None:
                 side = self.side = ReferenceSide.start(self.session, self.plan, self.candidates[0], self.workload,
-                                                       self.check_length)
+                                                       self.check_length, self.candidate)
                 side.mode, side.blocks, side.blocks_of = "blocks", self.log, self
                 for _ in range(max(1, self.warmup_rounds)):
                     side.warm(self.session)
                 if self.verify_with is not None:
                     self.verify_with(side)
             else:
-                self.swap_s += _call(self.session, lambda: side.worker.park(side.key, "device"))
+                self.swap_s += self._park(side, "device")
                 side.warm(self.session)  # its first round after the move is not a timed one
             for _ in range(target - done):
                 side.timed_round(self.session)
-            self._logged("reference", target - done)
-            self.swap_s += _call(self.session, lambda: side.worker.park(side.key, "host"))
+            if side.not_comparable is None:
+                self._logged("reference", target - done)
+            self.swap_s += self._park(side, "host")
         finally:  # also when the reference skipped or failed the test: the session's cached models go back
             self.swap_s += sum(park(model.model, home) for model, home in zip(self.candidates, homes))
             self.candidate_cold = True
+
+
+    def _park(self, side: ReferenceSide, to: str) -> float:
+        """Move the reference's model (``host`` or ``device``); the seconds it took (0 where the side runs nothing)."""
+        worker, timeout = side.worker, side._round_timeout()
+        if worker is None:
+            return 0.0
+        seconds = side._request(self.session, lambda: worker.park(side.key, to, timeout_s=timeout))
+        return float(seconds or 0.0)
 
 
 def ab_mode(session: "OptSession", opt: "OptModel", base: "OptModel | None") -> tuple[str | None, str | None]:

@@ -16,7 +16,7 @@ import pytest
 from ab_reports import CANDIDATE, REFERENCE_ROUNDS, ab_record, reference_versions, report, row
 from pytest_transformers_opt.cli import main
 from pytest_transformers_opt.report.ab import complete_ab
-from pytest_transformers_opt.report.compare import parse_compare_fail
+from pytest_transformers_opt.verdict.compare import parse_compare_fail
 from pytest_transformers_opt.report.schema import validate_report
 
 FIXTURES = Path(__file__).parents[1] / "data" / "reports"

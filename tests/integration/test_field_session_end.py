@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_transformers_opt.report.compare import Threshold, compare_reports
+from pytest_transformers_opt.verdict.compare import Threshold, compare_reports
 from pytest_transformers_opt.report.writer import REPORT_NOT_WRITTEN_STATUS
 from pytest_transformers_opt.report.schema import validate_report
 

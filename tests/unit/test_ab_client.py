@@ -3,6 +3,7 @@ environment, so its results must equal this process's), driven through ``Referen
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import signal
@@ -16,10 +17,10 @@ from typing import Any, Iterator
 import pytest
 import torch
 
-from pytest_transformers_opt.compat import package_version
-from pytest_transformers_opt.engine.ab_client import (ReferenceError, ReferenceRun, ReferenceUnavailable, ReferenceWorker,
-                                                      ReferenceWorkerDied)
-from pytest_transformers_opt.engine.ab_worker import CRASH_ENV, CRASH_STATUS, READY_VERSIONS
+from pytest_transformers_opt.engine.ab_client import (ReferenceError, ReferenceRun, ReferenceStoppedAnswering,
+                                                      ReferenceUnavailable, ReferenceWorker, ReferenceWorkerDied,
+                                                      last_lines_text)
+from pytest_transformers_opt.engine.ab_worker import CRASH_ENV, CRASH_STATUS, HANG_ENV, installed_distributions
 from pytest_transformers_opt.engine.generation import run_generation
 from pytest_transformers_opt.engine.hardware import HardwareInfo
 from pytest_transformers_opt.engine.loading import ModelRequest, load_model, resolve_model_path
@@ -100,7 +101,10 @@ def here(model_path: str) -> Any:
 
 def test_ready_reports_the_reference_stack(worker: ReferenceWorker) -> None:
     assert worker.alive()
-    assert worker.versions == {name: package_version(name) for name in READY_VERSIONS}
+    # every distribution, as this very environment has them (the seven the plugin names among them, and the rest)
+    assert worker.versions == installed_distributions()
+    assert worker.versions["optimum-quanto"] == importlib.metadata.version("optimum-quanto")
+    assert {"torch", "transformers", "numpy", "pytest"} <= set(worker.versions) and len(worker.versions) > 20
     assert worker.python_version == ".".join(map(str, sys.version_info[:3]))
     assert worker.python.endswith("reference-python")
     assert "(stdout) the wrapper says hello on stdout" in worker.stderr_lines()
@@ -273,7 +277,9 @@ def test_a_worker_that_dies_mid_round_says_how_and_leaves_nothing(tmp_path: Path
         dying.close()
     assert died.value.returncode == CRASH_STATUS
     message = str(died.value)
-    assert f"died during a round of eager: exit status {CRASH_STATUS}; its last lines:" in message
+    # the configuration in words (never the session's internal key), and the lines it wrote on stderr
+    assert (f"died during a round of [eager] on tiny-random-llama: exit status {CRASH_STATUS}; its last lines on "
+            f"stderr:") in message
     assert f"{CRASH_ENV}=generate:2: exiting with status {CRASH_STATUS} without answering" in message
     assert gone(dying.pid) and not dying.alive()
     with pytest.raises(ReferenceWorkerDied, match="was closed before"):
@@ -313,3 +319,29 @@ def test_no_worker_outlives_a_killed_parent(tmp_path: Path) -> None:
     finally:  # a killed parent and a killed worker remove nothing: this test does
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_worker_that_stops_answering_is_killed_at_the_request_time_limit(tmp_path: Path, model_path: str,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(HANG_ENV, "generate:2")
+    hanging = ReferenceWorker.start(wrapper(tmp_path), threads=THREADS, timeout_s=240)
+    try:
+        hanging.load("eager", REQUEST, model_path, [technique("eager")], "cpu", [], timeout_s=120)
+        assert len(hanging.generate("eager", PROMPTS, 4, batch_size=None, timeout_s=120).tokens) == len(PROMPTS)
+        began = time.monotonic()
+        with pytest.raises(ReferenceStoppedAnswering) as stopped:
+            hanging.generate("eager", PROMPTS, 4, batch_size=None, timeout_s=2)
+        waited = time.monotonic() - began
+    finally:
+        hanging.close()
+    assert 2 <= waited < 10 and stopped.value.seconds == 2
+    assert str(stopped.value) == (f"the reference worker ({hanging.python}, pid {hanging.pid}) did not answer a round "
+                                  f"of [eager] on tiny-random-llama within 2 s and was killed")
+    assert wait_gone(hanging.pid) and not hanging.alive()
+
+
+def test_the_last_lines_of_a_dead_worker_leave_blank_ones_out_or_say_there_were_none() -> None:
+    assert last_lines_text(["", "  ", "\t"]) == "; it wrote nothing on stderr"
+    assert last_lines_text([]) == "; it wrote nothing on stderr"
+    assert last_lines_text(["", "Traceback (most recent call last):", "", "MemoryError  "]) == \
+        "; its last lines on stderr:\n  Traceback (most recent call last):\n  MemoryError"

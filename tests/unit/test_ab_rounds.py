@@ -10,7 +10,7 @@ import statistics
 import pytest
 from benchmark_scripts import load_script  # noqa: E402  (tests/ is on sys.path)
 
-from pytest_transformers_opt.report.compare import Threshold, parse_compare_fail
+from pytest_transformers_opt.verdict.compare import Threshold, parse_compare_fail
 from pytest_transformers_opt.session import OptSession
 from pytest_transformers_opt.verdict.ab_rounds import (AB_MIN_CHANGE_PAIRS, ab_cap, ab_keep_going, ab_thresholds_to_settle,
                                                        ab_time_cap)

@@ -212,7 +212,7 @@ def _measured(name: str, reference_rounds: list[float], factor: float) -> dict[s
     """A row the gate judged (the plugin's record: both sides' rounds, taken in turns), its candidate ``factor``
     times each reference round, so each pair moves by it while the machine's noise moves both."""
     from pytest_transformers_opt.report.ab import complete_ab
-    from pytest_transformers_opt.report.compare import parse_compare_fail
+    from pytest_transformers_opt.verdict.compare import parse_compare_fail
 
     def side(rounds: list[float]) -> dict[str, Any]:
         return {"latency_s": statistics.median(rounds), "latency_samples_s": rounds, "rounds": len(rounds)}

@@ -13,8 +13,9 @@ import pytest
 
 from ab_reports import CANDIDATE, REFERENCE_ROUNDS, ab_record, reference_versions, report, row
 from pytest_transformers_opt.errors import OptConfigError
-from pytest_transformers_opt.report.ab import ab_summary, complete_ab, gate_lines, judge_ab, merge_ab
-from pytest_transformers_opt.report.compare import METRICS, parse_compare_fail
+from pytest_transformers_opt.report.ab import ab_summary, complete_ab, gate_lines, merge_ab
+from pytest_transformers_opt.verdict.ab import judge_ab
+from pytest_transformers_opt.verdict.compare import METRICS, parse_compare_fail
 from pytest_transformers_opt.report.schema import validate_report
 from pytest_transformers_opt.report.view import ab_header_lines, ab_line
 from pytest_transformers_opt.report.writer import ReportWriter, session_end

@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_transformers_opt.report.compare import (METRICS, Sides, Threshold, compare_reports, compare_test,
-                                                    load_compare_report, parse_compare_fail, summarise)
+from pytest_transformers_opt.report.compare import load_compare_report, summarise
+from pytest_transformers_opt.verdict.compare import (METRICS, Sides, Threshold, compare_reports, compare_test,
+                                                     parse_compare_fail)
 from pytest_transformers_opt.errors import OptConfigError
 from pytest_transformers_opt.report.schema import validate_report
 from pytest_transformers_opt.verdict.stats import SIGNIFICANCE

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from pytest_transformers_opt.report.compare import INCONCLUSIVE, Threshold, attach_verdicts, nothing_judged
 from pytest_transformers_opt.report.schema import validate_report
-from pytest_transformers_opt.report.window import (MIN_TIMED_SPREAD, adjust, compare_with_window, regressed_entries,
-                                                   window_figure)
+from pytest_transformers_opt.report.window import compare_with_window, regressed_entries
+from pytest_transformers_opt.verdict.compare import INCONCLUSIVE, Threshold, attach_verdicts, nothing_judged
+from pytest_transformers_opt.verdict.window_rule import MIN_TIMED_SPREAD, adjust, window_figure
 from pytest_transformers_opt.verdict.stats import (MIN_WINDOW_RUNS, benjamini_hochberg, robust_spread, student_t_isf,
                                                    student_t_sf)
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from pytest_transformers_opt.errors import OptConfigError
-from pytest_transformers_opt.report.compare import compare_reports, parse_compare_fail, summarise, verdict_keys
+from pytest_transformers_opt.report.compare import summarise
+from pytest_transformers_opt.verdict.compare import compare_reports, parse_compare_fail, verdict_keys
 from pytest_transformers_opt.report.merge import Shard, merge_reports, shard_hardware
 from pytest_transformers_opt.report.schema import validate_report
 
