@@ -199,7 +199,8 @@ def run_session(root: Path, report: Path, threads: str, extra_args: Sequence[str
 
 
 def announce(text: str) -> None:
-    print(f"[{dt.datetime.now().strftime('%H:%M:%S')}] {text}", flush=True)
+    """A progress line, on stderr: stdout holds only the tables."""
+    print(f"[{dt.datetime.now().strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
 def _loads(values: Sequence[float]) -> str:
@@ -319,7 +320,8 @@ def judge(old: dict[str, Any], new: dict[str, Any], compare_fail: str) -> dict[s
     """The rule under study: the verdict of every test of ``new`` against ``old``, as ``--opt-compare=old.json
     --opt-compare-fail=COMPARE_FAIL`` judges it. Repoint this one call to study another rule."""
     compare = compare_module()
-    return compare.compare_reports(old, new, compare.parse_compare_fail(compare_fail))  # type: ignore[no-any-return]
+    verdicts: dict[str, dict[str, Any]] = compare.compare_reports(old, new, compare.parse_compare_fail(compare_fail))
+    return verdicts
 
 
 Judge = Callable[[dict[str, Any], dict[str, Any], str], dict[str, dict[str, Any]]]
@@ -407,7 +409,7 @@ def pairs(old: Folder, new: Folder | None) -> list[tuple[dict[str, Any] | None, 
 
 def analyse(old: Folder, new: Folder | None, compare_fail: str, scales: Sequence[float] = (),
             judge: Judge = judge) -> list[Tally]:
-    """A tally per effect: the pairs as they are, then each ``--scale``."""
+    """A tally per effect: the pairs as they are, then each ``--scale``; detectable sizes of the first term's metric."""
     metric = compare_fail.split(":", 1)[0].strip()
     target = new if new is not None else old
     load = old.load if new is None or new.load == old.load else f"{old.load} -> {new.load}"
@@ -435,6 +437,7 @@ class Spread:
     between_pct: float  # robust spread of the sessions' medians, percent of their median
     within_pct: float  # median over sessions of the rounds' robust spread, percent of that session's median
     rounds: float  # median timed rounds per session
+    speedup_between_pct: float  # robust spread of the sessions' in-session speedups (baseline / optimized), percent
 
     @property
     def median_se_pct(self) -> float:
@@ -456,6 +459,7 @@ def spreads(folder: Folder) -> list[Spread]:
     from pytest_transformers_opt.verdict.stats import robust_spread
 
     medians: dict[str, list[float]] = {}
+    speedups: dict[str, list[float]] = {}
     within: dict[str, list[float]] = {}
     rounds: dict[str, list[int]] = {}
     for report in folder.reports():
@@ -466,17 +470,23 @@ def spreads(folder: Folder) -> list[Spread]:
                 continue
             name = short(test["nodeid"])
             medians.setdefault(name, []).append(float(latency))
+            if isinstance(test.get("speedup"), (int, float)) and test["speedup"] > 0:
+                speedups.setdefault(name, []).append(float(test["speedup"]))
             if len(samples) >= 2:
                 center, spread = robust_spread([float(v) for v in samples])
                 within.setdefault(name, []).append(100.0 * spread / center)
                 rounds.setdefault(name, []).append(len(samples))
-    out = []
-    for name, values in medians.items():
-        center, spread = robust_spread(values) if len(values) >= 2 else (values[0], math.nan)
-        out.append(Spread(name, len(values), center, 100.0 * spread / center,
-                          statistics.median(within[name]) if within.get(name) else math.nan,
-                          statistics.median(rounds[name]) if rounds.get(name) else 0))
-    return out
+
+    def share(values: Sequence[float]) -> float:
+        if len(values) < 2:
+            return math.nan
+        center, spread = robust_spread(values)
+        return 100.0 * spread / center
+
+    return [Spread(name, len(values), statistics.median(values), share(values),
+                   statistics.median(within[name]) if within.get(name) else math.nan,
+                   statistics.median(rounds[name]) if rounds.get(name) else 0, share(speedups.get(name) or []))
+            for name, values in medians.items()]
 
 
 # --------------------------------------------------------------------------- analyse: tables
@@ -526,13 +536,14 @@ def _share(value: float) -> str:
 def spread_table(folders: Sequence[Folder]) -> list[str]:
     lines = ["| folder | load | inject | test | sessions | rounds, median | optimized latency, median | between-run "
              "spread | within-run spread, median | within-run spread of a median (estimate) | between-run term "
-             "(estimate) |", "| --- " * 11 + "|"]
+             "(estimate) | in-session speedup, between-run spread |", "| --- " * 12 + "|"]
     for folder in folders:
         for spread in spreads(folder):
             lines.append(f"| {folder.path.name} | {folder.load} | {folder.inject:g}% | {spread.test} | "
                          f"{spread.sessions} | {spread.rounds:g} | {1000 * spread.median_latency:.2f} ms | "
                          f"{_share(spread.between_pct)} | {_share(spread.within_pct)} | "
-                         f"{_share(spread.median_se_pct)} | {_share(spread.between_term_pct)} |")
+                         f"{_share(spread.median_se_pct)} | {_share(spread.between_term_pct)} | "
+                         f"{_share(spread.speedup_between_pct)} |")
     return lines
 
 
@@ -555,7 +566,10 @@ def folder_lines(folder: Folder) -> list[str]:
             f"`{shlex.join(params.get('pytest_args') or []) or '(none)'}`, CPU threads {', '.join(threads) or '?'}; "
             f"wall time per session {_spread([s.seconds for s in sessions], lambda v: f'{v:.1f} s')}; 1-minute "
             f"load average at the start {load(starts)}, at the end {load(ends)}"
-            + (f"; non-zero exits: {', '.join(failed)}" if failed else "")]
+            + (f"; non-zero exits: {', '.join(failed)}" if failed else ""),
+            "  - 1-minute load average per session, start -> end: " + "; ".join(
+                f"{s.number}: {s.load_average_start[0]:.2f} -> {s.load_average_end[0]:.2f}" for s in sessions
+                if s.load_average_start and s.load_average_end)]
 
 
 def analysis_text(command: str, old: Folder, new: Folder | None, compare_fail: str, scales: Sequence[float],
@@ -570,7 +584,9 @@ def analysis_text(command: str, old: Folder, new: Folder | None, compare_fail: s
              "Spreads of the optimized latency, in percent of the median: between-run, the robust spread "
              "(1.4826 MAD) of the sessions' medians; within-run, the median over sessions of the rounds' robust "
              "spread; the within-run spread of a median, sqrt(pi/2/rounds) times that (an estimate); the "
-             "between-run term, sqrt(between^2 - that^2) (an estimate):", "", *spread_table(folders)]
+             "between-run term, sqrt(between^2 - that^2) (an estimate); and the between-run spread of the in-session "
+             "speedup (baseline / optimized, rounds taken in turn), which a machine slower for a whole session moves "
+             "less:", "", *spread_table(folders)]
     return "\n".join(lines)
 
 
@@ -589,7 +605,8 @@ def _split(text: str) -> list[str]:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     modes = parser.add_subparsers(dest="mode", required=True)
-    collecting = modes.add_parser("collect", help="run sessions and keep their reports in DIR")
+    collecting = modes.add_parser("collect", help="run sessions and keep their reports in DIR",
+                                  usage="%(prog)s DIR [options] [-- PYTEST_ARGS]")
     collecting.add_argument("folder", type=Path, metavar="DIR")
     collecting.add_argument("--sessions", type=int, default=20)
     collecting.add_argument("--load", choices=list(LOADS), default="quiet",
@@ -601,7 +618,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     collecting.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
     collecting.add_argument("--threads", default="1", help="--opt-cpu-threads of every session: N or auto")
     collecting.add_argument("--add", action="store_true", help="add sessions to a DIR an earlier collect filled")
-    collecting.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")
     analysing = modes.add_parser("analyse", help="judge the kept reports and tabulate")
     analysing.add_argument("folder", type=Path, metavar="DIR")
     analysing.add_argument("second", type=Path, nargs="?", default=None, metavar="DIR2",
@@ -610,14 +626,24 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     analysing.add_argument("--scale", type=float, action="append", default=[], metavar="PCT",
                            help="also each pair with the new optimized latency PCT%% higher (repeatable)")
     analysing.add_argument("--out", type=Path, default=None, help="also write the Markdown here")
-    args = parser.parse_args(argv)
+    # argparse's subcommands do not pass "--" on: what follows it is pytest's, split off here
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    args.pytest_args = list(argv[cut + 1:])
+    if args.pytest_args and args.mode != "collect":
+        parser.error(f"pytest arguments after -- ({shlex.join(args.pytest_args)}) are for collect only")
     if args.mode == "collect":
         if args.sessions < 1:
             parser.error(f"--sessions {args.sessions}: give at least 1")
         if not 0 <= args.inject <= 1000:
             parser.error(f"--inject {args.inject:g}: give a percent from 0 to 1000")
     else:
-        compare_module().parse_compare_fail(args.compare_fail, "--compare-fail")  # a clear error before any work
+        from pytest_transformers_opt.errors import OptConfigError
+
+        try:  # a clear error before any work
+            compare_module().parse_compare_fail(args.compare_fail, "--compare-fail")
+        except OptConfigError as error:
+            parser.error(str(error))
         if any(not -100 < pct <= 1000 for pct in args.scale):
             parser.error("--scale: give percents above -100 and at most 1000")
     return args

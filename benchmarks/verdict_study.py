@@ -436,7 +436,7 @@ def run_near_tie_gaps(models: tuple[str, ...], dtypes: tuple[str, ...], sets: in
                         for partner in top[row, step, 1:].tolist():
                             moves.append(abs(pair_gap_move(float(b[first]), float(b[partner]),
                                                            float(o[first]), float(o[partner]))))
-                        picked = int(o.argmax())
+                        first, picked = int(b.argmax()), int(o.argmax())  # as greedy picks (topk may order ties apart)
                         if picked != first:
                             flips.append({"baseline_gap": float(b[first] - b[picked]),
                                           "move": pair_gap_move(float(b[first]), float(b[picked]),

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import OptConfigError
 from ..report.schema import load_report as load_report_file, reader_problem
+from ..report.view import agreement_counts
 from ..techniques.attention import FlashAttention2
 from ..units import failure_reason
 from ..verdict.budgets import SIMILARITY_BUDGETS, SPEED_BUDGETS
@@ -33,6 +34,8 @@ from .workload import ServingScenario, capability_text, merge_hardware, parse_co
 FROM_REPORT_REMEDY = "accepted: a report written by pytest --opt-report-json=PATH"
 MEMORY_BUDGETS = ("max_memory", "max_memory_ratio")
 FLOAT32 = "float32"
+# the similarity record's figures (its counts go with them: report.view.agreement_counts)
+SIMILARITY_FIGURES = ("token_match", "kl_mean", "kl_max", "top1")
 _OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cannot allocate memory", re.I)
 _METRICS = (("peak_memory_bytes", "peak memory", "bytes"), ("latency_s", "latency (median)", "s"),
             ("ttft_s", "time to first token", "s"), ("tpot_s", "time per output token", "s"),
@@ -96,9 +99,12 @@ def measured_figures(test: dict[str, Any], where: str) -> list[Figure]:
         out.append(Figure("speedup (baseline latency / optimized)", test["speedup"], "measured", "x", where))
     if test.get("memory_ratio") is not None:
         out.append(Figure("memory ratio (optimized / baseline peak)", test["memory_ratio"], "measured", "ratio", where))
-    for key, value in (test.get("similarity") or {}).items():
+    for key in SIMILARITY_FIGURES:
+        value = (test.get("similarity") or {}).get(key)
         if value is not None:
-            out.append(Figure(f"similarity {key}", value, "measured", "ratio", where))
+            counts = agreement_counts(test, key)
+            out.append(Figure(f"similarity {key}" + (f" ({counts})" if counts else ""), value, "measured", "ratio",
+                              where))
     for budget in test.get("budgets") or []:
         if budget.get("measured") is None:
             continue
@@ -308,10 +314,11 @@ def advise_from_report(report: dict[str, Any], workload: ServingScenario | None 
     if change is not None and new_stack is stack:
         new_stack = apply_change(stack, change)
     if stage == "quality" and change is None and new_stack and dtype != FLOAT32:
-        # a lossless technique that missed its budgets in half precision: its validation test is the float32
-        # rerun the advice asks for, with float32's budgets, never again the half-precision budget it failed
+        # a lossless technique that missed its budgets in half precision: the configuration is proposed for the
+        # float32 rerun the advice asks for, with float32's budgets, never again with the budget it failed
         derived = replace(derived, dtype=FLOAT32)
-        notes.append(f"the validation test runs in float32, not the run's {dtype}, with float32's budgets")
+        notes.append(f"the budgets shown are float32's, for that rerun; the {dtype} budgets the run failed are not "
+                     f"proposed again")
 
     advice = _build(change, new_stack, stage, shape, derived, hardware, baseline, test, stack, dtype)
     # Without a change the title already carries the reason: do not repeat it under Why.

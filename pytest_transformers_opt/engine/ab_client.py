@@ -418,7 +418,9 @@ class ReferenceWorker:
     def _read_stderr(self, stream: IO[bytes]) -> None:
         try:
             for raw in iter(stream.readline, b""):
-                self._tail.append(raw.decode(errors="replace").rstrip("\r\n")[:STDERR_LINE_CHARS])
+                # a progress bar redraws its line after each \r: kept as a terminal shows it, its last state
+                line = raw.decode(errors="replace").rstrip("\r\n").rsplit("\r", 1)[-1]
+                self._tail.append(line[:STDERR_LINE_CHARS])
         except (OSError, ValueError):
             pass
 

@@ -157,7 +157,7 @@ def _why_nothing(report: Mapping[str, Any]) -> str:
     if not measured:  # a test may have measured and then failed or been skipped: its row keeps no figures
         outcomes = ", ".join(f"{count} {outcome}" for outcome, count in
                              Counter(str(t.get("outcome")) for t in tests).items())
-        return f"{_tests(len(tests))} ran ({outcomes}) and none kept figures in the report (see each test's error)"
+        return f"{_tests(len(tests))} ran, and none kept figures in the report ({outcomes})"
     return f"{_tests(measured)} measured, none in the reference environment"
 
 

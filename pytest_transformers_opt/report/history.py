@@ -378,12 +378,17 @@ def _plural(count: Any, word: str) -> str:
     return f"{count} {word}{'s' if count != 1 else ''}"
 
 
+def _part(row: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """``row[key]`` when it is an object (``model``, ``workload``), else empty."""
+    part = row.get(key)
+    return part if isinstance(part, dict) else {}
+
+
 def series_keys(row: Mapping[str, Any]) -> dict[str, str]:
     """What makes a row's series, as text (the ``--format otava-csv`` columns and the JSON's ``keys``): ``model``,
     ``revision``, ``dtype``, ``model_arguments`` (JSON, sorted), ``techniques`` and ``baseline`` (joined by
     `` + ``), ``workload`` (``prompts=1 new_tokens=8 batch=1 input_tokens=6``); an unrecorded part is empty."""
-    model = row.get("model") if isinstance(row.get("model"), dict) else {}
-    workload = row.get("workload") if isinstance(row.get("workload"), dict) else {}
+    model, workload = _part(row, "model"), _part(row, "workload")
     arguments = model.get("arguments")
     parts = (("prompts", "num_prompts"), ("new_tokens", "max_new_tokens"), ("batch", "batch_size"),
              ("input_tokens", "input_tokens"))
@@ -406,7 +411,7 @@ def series_name(row: Mapping[str, Any]) -> str:
     model += f" {keys['dtype']}" if keys["dtype"] else ""
     model += f" {keys['model_arguments']}" if keys["model_arguments"] else ""
     techniques = (keys["techniques"] or "no technique") + (f" vs {keys['baseline']}" if keys["baseline"] else "")
-    workload = row.get("workload") if isinstance(row.get("workload"), dict) else {}
+    workload = _part(row, "workload")
     work = []
     if workload.get("num_prompts") is not None and workload.get("max_new_tokens") is not None:
         work.append(f"{_plural(workload['num_prompts'], 'prompt')} x {workload['max_new_tokens']} new tokens")

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..units import failure_reason, format_bytes, format_duration, format_ratio, shorten
 from ..verdict.ab import BLOCKS, FIGURES, IDENTICAL_STACKS, differing_versions, stack_note, stack_versions, version_text
-from ..verdict.judge import INCONCLUSIVE, NOT_JUDGED, OK, REGRESSED
+from ..verdict.judge import INCONCLUSIVE, NOT_COMPARABLE, NOT_JUDGED, OK, REGRESSED
 from ..verdict.results import NO_DIFFERENCE
 from .ab import ab_rows, inconclusive_metrics, interval_text
 from ..verdict.compare import METRICS, row_hardware
@@ -910,9 +910,9 @@ def ab_line(report: Mapping[str, Any], test: Mapping[str, Any]) -> str:
             parts.append(f"top-1 {format_percent(similarity['top1'])}")
     line = f"{stacks}: {', '.join(parts) or 'no figure measured on both sides'}"
     verdict = ab.get("verdict")
-    if verdict == NOT_JUDGED:
+    if verdict in (NOT_JUDGED, NOT_COMPARABLE):  # why, from its details
         details = [one_line(str(d)) for d in ab.get("details") or []]
-        line += f"; {NOT_JUDGED}" + (f": {details[0]}" if details else "")
+        line += f"; {verdict}" + (f": {details[0]}" if details else "")
     elif isinstance(verdict, str) and verdict:
         unseen = inconclusive_metrics(ab)
         line += f"; {verdict}" + (f" ({', '.join(unseen)}: not resolved by the rounds)" if unseen else "")

@@ -32,12 +32,12 @@ from typing import Any
 
 from ..units import shown
 from ..verdict.ab import differing_versions, version_text
-from ..verdict.compare import (INFORMATIONAL_METRICS, METRICS, REPORTS, Threshold, change_text, figure_value,
+from ..verdict.compare import (INFORMATIONAL_METRICS, METRICS, REPORTS, BetweenRun, Threshold, default_between_run, change_text, figure_value,
                                hardware_differences, judge_threshold, measurement_missing, row_environment,
                                row_hardware, test_differences, verdict_keys)
 from ..verdict.judge import (IMPROVED, INCONCLUSIVE, NEW, NOT_COMPARABLE, OK, REGRESSED, is_judged, new_row,
                              not_comparable, worst)
-from ..verdict.stats import MIN_WINDOW_RUNS
+from ..verdict.stats import MIN_WINDOW_RUNS, robust_spread
 from ..verdict.window_rule import WindowFigure, adjust, window_figure
 from .compare import summarise
 from .history import History, HistoryRun, load_history, run_names
@@ -169,7 +169,7 @@ def select_window(runs: Sequence[HistoryRun], test: dict[str, Any], environment:
     elif selection.stack_note:
         count = _runs(len(selection.rows))
         selection.stack_note += (f": judged against the {count} of this stack" if len(selection.rows) >= MIN_WINDOW_RUNS
-                                 else f": judged against the newest of the {count} of this stack")
+                                 else f": {count} of this stack recorded so far")
     return selection
 
 
@@ -408,3 +408,33 @@ def regressed_entries(settings: Any, environment: Mapping[str, Any] | None, entr
         if worst(part.verdict if isinstance(part, WindowFigure) else part[0] for part in parts) == REGRESSED:
             suspects.append(entry)
     return suspects
+
+
+def between_run_spread(folder: str, report: dict[str, Any], size: int) -> BetweenRun | None:
+    """This runner's between-run term from the runs recorded in ``folder``: for latency and for speedup, the
+    median, over the tests of ``report`` whose window holds ``MIN_WINDOW_RUNS`` runs or more, of their window's
+    robust spread in percent of its center (it holds the rounds' own noise too: a little conservative). None where
+    no test has such a window; a metric no window gives keeps the device's stated default."""
+    if not run_names(folder):
+        return None
+    history = read_history(folder, size)
+    spreads: dict[str, list[float]] = {"latency": [], "speedup": []}
+    default: BetweenRun | None = None
+    for test in report.get("tests") or []:
+        if not isinstance(test, dict) or not isinstance(test.get("nodeid"), str):
+            continue
+        environment = row_environment(report, test)
+        default = default or default_between_run(environment)
+        selection = select_window(history.runs, test, environment, size)
+        for metric, found in spreads.items():
+            values = [v for row in selection.rows if (v := figure_value(row.row, metric)) is not None]
+            center, spread = robust_spread(values) if len(values) >= MIN_WINDOW_RUNS else (0.0, 0.0)
+            if center > 0:
+                found.append(100.0 * spread / center)
+    if default is None or not spreads["latency"]:
+        return None
+    figure = statistics.median(spreads["latency"])
+    ratio = statistics.median(spreads["speedup"]) if spreads["speedup"] else default.ratio_pct
+    tests = len(spreads["latency"])
+    return BetweenRun(figure, ratio, f"this runner's spread between runs ({figure:.1f}% a figure, {ratio:.1f}% a "
+                                     f"speedup: {_tests(tests)}' windows in {folder})")

@@ -403,7 +403,8 @@ class ReportWriter:
                 report_lines = window.report_lines
             else:
                 assert settings.compare_report is not None
-                verdicts = compare_reports(settings.compare_report, report, settings.compare_thresholds)
+                verdicts = compare_reports(settings.compare_report, report, settings.compare_thresholds,
+                                           _two_jobs(settings, report))
                 lines = summarise(verdicts, settings.compare, settings.compare_report)
                 said = any(v.get("verdict") == INCONCLUSIVE for v in verdicts.values())  # never a silent pass
         except Exception as exc:  # a gate that cannot judge must not pass silently
@@ -642,3 +643,19 @@ def _schema_problem(report: dict[str, Any]) -> str | None:
         lines = str(exc).splitlines()
         return lines[1].strip(" -") if len(lines) > 1 else lines[0]
     return None
+
+
+def _two_jobs(settings: Any, report: dict[str, Any]) -> Any:
+    """The sides of a one-report compare: with this runner's between-run spread where ``--opt-history`` holds a
+    window of runs for some of this run's tests, else None (each row's device's stated default)."""
+    folder = getattr(settings, "history", None)
+    if not folder:
+        return None
+    from ..verdict.compare import Sides
+    from .window import between_run_spread
+
+    try:
+        found = between_run_spread(str(folder), report, int(getattr(settings, "compare_window", 10) or 10))
+    except Exception:  # a history that cannot be read leaves the stated default: never a lost gate
+        return None
+    return Sides(between_run=found) if found is not None else None

@@ -117,8 +117,8 @@ def plan_settings(root: Path, model: str) -> tuple[Planned, list[str]]:
         try:
             table = pyproject_pytest_table(_parse_toml(original))
         except ValueError as exc:
-            conflicts.append(f"pyproject.toml: is not valid TOML ({exc}); fix it first: the settings are appended "
-                             f"to it")
+            conflicts.append(f"pyproject.toml: is not valid TOML ({exc}); fix it, then run init again (the settings "
+                             f"go into it)")
             table = None
         if table is not None:
             what = " (pytest 9's settings table)" if table == NATIVE_TABLE else ""

@@ -493,7 +493,10 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
                 budgets_open = keep_going(decision, speed, check_budgets(interim, speed), opt_timings.rounds,
                                           paired, interim.baseline.latency_s)
             ab_open = False
-            if ab_gate:
+            if ab_gate and ab is not None and ab.not_comparable is not None:  # the reference stopped: nothing to settle
+                decision.ab, decision.ab_max_rounds = {}, None
+                ab_open = decision.rounds < rule.report_minimum()  # the rounds a test without the gate runs
+            elif ab_gate:
                 assert interim.ab is not None  # the reference took a turn in every round
                 ab_open = ab_keep_going(decision, ab_gate, {"optimized": interim.optimized.to_dict()}, interim.ab,
                                         session.ab_gate_so_far, elapsed_s=time.monotonic() - started)

@@ -1,7 +1,9 @@
 """Budgets: parsing what users write, default similarity budgets, and the verdict table.
 
 A budget comes from the ``optimization`` marker, else from an ini default ``opt_<name>``, else (for
-similarity only) from the technique's default. NaN or infinity never passes.
+similarity only) from the technique's default. NaN or infinity never passes. ``min_top1`` and
+``min_token_match`` are judged with their sample size: the agreement's 95% upper bound (Wilson) over the
+compared steps must reach the limit, near-ties counted as agreeing (``similarity`` module).
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import OptConfigError
 from ..techniques.base import LOSSLESS, LOSSY_4BIT, QUALITY_ORDER, WEIGHTS_8BIT
-from .similarity import wilson_interval
 from ..units import (format_bytes, format_duration, parse_duration, parse_fraction, parse_non_negative_int,
                      parse_positive_float, parse_size, parse_throughput)
+from .similarity import wilson_interval
 
 if TYPE_CHECKING:
     from .results import OptResult
@@ -72,13 +74,15 @@ BUDGETS: dict[str, BudgetDef] = {
                   "baseline median latency / optimized median latency: float"),
         BudgetDef("min_token_match", "min", lambda v, w: parse_fraction(v, w),
                   lambda r: r.similarity.effective_token_match if r.similarity else None, _fmt_float,
-                  "greedy tokens equal to the baseline's, fraction of the requested length: 0..1"),
+                  "greedy tokens equal to the baseline's, fraction of the requested length (judged by its 95% "
+                  "upper bound over the requested tokens; a divergence at a near-tie matches): 0..1"),
         BudgetDef("max_kl", "max", lambda v, w: parse_positive_float(v, w, allow_zero=True),
                   lambda r: r.similarity.kl_mean if r.similarity else None, _fmt_float,
                   "mean KL(baseline || optimized) of next-token distributions at every generated position: float"),
         BudgetDef("min_top1", "min", lambda v, w: parse_fraction(v, w),
                   lambda r: r.similarity.top1 if r.similarity else None, _fmt_float,
-                  "top-1 agreement of next-token distributions at every generated position: 0..1"),
+                  "top-1 agreement of next-token distributions at every generated position (judged by its 95% "
+                  "upper bound over the compared steps; a near-tie flip agrees): 0..1"),
         BudgetDef("max_recompiles", "max", lambda v, w: float(parse_non_negative_int(v, w)),
                   lambda r: _opt(r).recompiles, lambda v: "-" if v is None else str(int(v)),
                   "recompilations during the measured rounds: int"),

@@ -14,8 +14,9 @@ differ in process layout and in the machine's state that day. Where both reports
 samples, a timed threshold is judged on the evidence both give, by the one judge (``verdict.judge``):
 
 - **two jobs** (``--opt-compare=old.json``, ``pytest-opt merge --compare``): the worsening of the medians, with the
-  standard error of each median (its rounds' robust spread) and a between-run term (``Sides.between_run_pct``:
-  ``DEFAULT_BETWEEN_RUN_PCT`` unless a recorded history gives this runner's), tested one-sided against the limit
+  standard error of each median (its rounds' robust spread) and a between-run term (``Sides.between_run``: the
+  device's stated default, ``default_between_run``, unless a recorded history gives this runner's), tested one-sided
+  against the limit
   (``between-run``); without rounds, on the medians with the between-run term alone (``median``);
 - **one job, rounds in turns** (``Sides.paired``: an ``--opt-ab`` row's interleaved sides): a one-sided Wilcoxon
   signed-rank test of the pairs' differences (log-ratios for a relative limit) moved by the limit, the error from
@@ -365,6 +366,35 @@ def _finite(values: Any) -> list[float] | None:
 
 
 @dataclass(frozen=True)
+class BetweenRun:
+    """How far one job's median strays from a runner's long-run level beyond what its own rounds show (percent of
+    the figure: process layout, the machine's state that day), for a side's own timed figure (latency, TTFT, TPOT,
+    throughput) and for a ratio of two sides timed in turns within the job (speedup: the machine's drift
+    cancels), and where the figures came from."""
+
+    figure_pct: float
+    ratio_pct: float
+    source: str
+
+    def pct(self, metric: str) -> float:
+        return self.ratio_pct if METRICS[metric].ratio_of is not None else self.figure_pct
+
+
+CPU_BETWEEN_RUN = BetweenRun(20.0, 7.0, "the CPU default between runs (20% a figure, 7% a speedup)")
+"""Measured on a 2-core CPU runner, quiet and busy alike: a tiny model's median latency strays 17-25% (robust CV)
+from session to session, its in-session speedup 5-10% (benchmarks/RESULTS.md, issues 21 and 40)."""
+GPU_BETWEEN_RUN = BetweenRun(4.0, 2.0, "the GPU default between runs (4% a figure, 2% a speedup; not yet measured "
+                                       "on a GPU: record a history to use your runner's own)")
+"""Stated, not measured: a dedicated GPU runner's rounds vary by about 1% (the device checks), its sessions by more;
+at 4% two jobs can vouch for a 10% limit (detectable 10 + 1.645 x 5.7 = 19.3%, under twice the limit)."""
+
+
+def default_between_run(environment: Mapping[str, Any]) -> BetweenRun:
+    """The stated between-run term for reports measured on ``environment``'s device."""
+    return CPU_BETWEEN_RUN if str(environment.get("device") or "cpu").startswith("cpu") else GPU_BETWEEN_RUN
+
+
+@dataclass(frozen=True)
 class Sides:
     """What a verdict's details call its two entries: an earlier and this report (``--opt-compare``), or
     the reference environment and this one (``--opt-ab``): ``the {old} run``, ``the {new} {record}``.
@@ -372,25 +402,21 @@ class Sides:
     ``paired``: the two entries' rounds were taken in turns on one machine (round i of each next to the
     other), so a timed threshold is judged on the pairs where both keep every round, as many on each side.
 
-    ``between_run_pct``: how far one run's median strays from the runner's long-run level beyond what its own
-    rounds show (percent; process layout, the machine's state that day), added twice to a timed figure's error
-    when the two entries come from two jobs; None when both were measured in one job (the A/B).
-    ``between_run_source`` says where the figure came from."""
+    ``between_run``: the two entries come from two jobs, whose medians differ by more than their rounds show; None
+    when both were measured in one job (the A/B)."""
 
     old: str = "old"
     new: str = "new"
     record: str = "report"
     paired: bool = False
-    between_run_pct: float | None = None
-    between_run_source: str = ""
+    between_run: BetweenRun | None = None
 
 
-DEFAULT_BETWEEN_RUN_PCT = 5.0
-"""The between-run term of a one-report compare when no history gives one: the spread of a test's median latency
-from session to session beyond its rounds' own (benchmarks/compare_study.py; benchmarks/RESULTS.md, issue 40)."""
-REPORTS = Sides(between_run_pct=DEFAULT_BETWEEN_RUN_PCT,
-                between_run_source=f"the default {DEFAULT_BETWEEN_RUN_PCT:g}% between runs")
+REPORTS = Sides(between_run=CPU_BETWEEN_RUN)
+"""Two reports of a CPU runner; ``compare_reports`` picks each row's default by its device."""
 
+
+MIN_SPREAD_ROUNDS = 3  # a robust spread of two rounds is one difference: too little to weigh a median by
 _NORMAL_CRITICAL = NormalDist().inv_cdf(1.0 - SIGNIFICANCE)
 
 
@@ -437,9 +463,10 @@ def _median_error(samples: list[float], threshold: Threshold, base: float) -> fl
 
 def _between_run_error(threshold: Threshold, sides: Sides, base: float) -> float:
     """The between-run term of two jobs' difference (sqrt 2 times one run's), in the threshold's terms; 0 in one job."""
-    if sides.between_run_pct is None:
+    if sides.between_run is None:
         return 0.0
-    one_run = sides.between_run_pct if threshold.relative else sides.between_run_pct * abs(base) / 100.0
+    pct = sides.between_run.pct(threshold.metric)
+    one_run = pct if threshold.relative else pct * abs(base) / 100.0
     return math.sqrt(2.0) * one_run
 
 
@@ -479,7 +506,7 @@ def _rule(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, 
             break
         rounds[side] = samples
         aligned = aligned and _every_round(entry, metric, samples)
-    if why is None and min(len(r) for r in rounds.values()) < 2:
+    if why is None and sides.between_run is not None and min(len(r) for r in rounds.values()) < MIN_SPREAD_ROUNDS:
         why = f"too few rounds ({len(rounds[sides.old])}+{len(rounds[sides.new])}) for a spread"
     if why is not None:
         return _median_rule(threshold, old, new, between, why)
@@ -493,7 +520,7 @@ def _rule(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, 
             spread = _paired_error(threshold, before, after)
             return _directed(PAIRED_RULE, metric, up, down, counts, spread, _degrees_critical(len(before)))
     within = math.hypot(_median_error(before, threshold, old), _median_error(after, threshold, old))
-    if sides.between_run_pct is not None:  # two jobs: their rounds' error and the runs' own
+    if sides.between_run is not None:  # two jobs: their rounds' error and the runs' own
         scale = math.hypot(within, between)
         amount = worsening(metric, old, new, threshold.relative)
         return _Rule(BETWEEN_RUN_RULE, p_worse=_normal_sf((amount - threshold.limit) / scale),
@@ -599,8 +626,9 @@ def judge_threshold(threshold: Threshold, old_entry: dict[str, Any], new_entry: 
                 rule_text += f", {NOT_SIGNIFICANT}" if worse else f", {NOT_SIGNIFICANT} (an improvement)"
         else:
             rule_text = f"median rule: {rule.why}"
-        if rule.name != PAIRED_RULE and sides.between_run_pct is not None:
-            rule_text += f", with {sides.between_run_source}"
+        between_run = sides.between_run.pct(metric) if sides.between_run and rule.name != PAIRED_RULE else None
+        if sides.between_run is not None and between_run is not None:
+            rule_text += f", with {sides.between_run.source}"
         detectable = rule.detectable(threshold.limit)
         rule_text += f", detectable {size_text(threshold, detectable)}" if math.isfinite(detectable) \
             else ", detectable size unknown"
@@ -609,7 +637,7 @@ def judge_threshold(threshold: Threshold, old_entry: dict[str, Any], new_entry: 
                   "rule": rule.name, "p_value": p_value, "rounds": list(rule.rounds) if rule.rounds else None,
                   "note": note, "verdict": verdict,
                   "detectable": detectable if math.isfinite(detectable) else None,
-                  "between_run_pct": sides.between_run_pct if rule.name != PAIRED_RULE else None}
+                  "between_run_pct": between_run}
     if verdict == REGRESSED:
         if threshold.relative and old == 0:
             detail += f" (a relative limit cannot hold from 0; use an absolute one, e.g. {metric}:0.01)"
@@ -704,8 +732,11 @@ def attach_verdicts(report: dict[str, Any], verdicts: dict[str, dict[str, Any]])
             test["regression"] = verdicts.get(key)
 
 
-def compare_reports(old: dict[str, Any], new: dict[str, Any], thresholds: list[Threshold]) -> dict[str, dict[str, Any]]:
-    """A verdict per test of the ``new`` report: regressed, improved, ok, new or not comparable.
+def compare_reports(old: dict[str, Any], new: dict[str, Any], thresholds: list[Threshold],
+                    sides: Sides | None = None) -> dict[str, dict[str, Any]]:
+    """A verdict per test of the ``new`` report: regressed, inconclusive, improved, ok, new or not comparable
+    (``sides``: this runner's between-run term where a recorded history gives one; by default each row's device's
+    stated one).
 
     Only a threshold can make a test regress (informational figures never do), and only figures
     measured on the same hardware, model and workload are compared at all: comparing anything
@@ -743,7 +774,8 @@ def compare_reports(old: dict[str, Any], new: dict[str, Any], thresholds: list[T
         if reasons:
             verdicts[key] = not_comparable(reasons)
             continue
-        verdicts[key] = compare_test(before, test, thresholds)
+        verdicts[key] = compare_test(before, test, thresholds,
+                                     sides or Sides(between_run=default_between_run(new_env)))
     return verdicts
 
 

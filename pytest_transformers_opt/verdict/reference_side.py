@@ -379,6 +379,7 @@ def _call(session: "OptSession", action: Callable[[], Any]) -> Any:
         return action()
     except ReferenceWorkerDied as exc:
         session.forget_reference_worker()
-        pytest.fail(f"--opt-ab: the reference environment's worker died: {exc}", pytrace=False)
+        failure = f"--opt-ab: the reference environment's worker died: {exc}"
     except ReferenceError as exc:
-        pytest.fail(f"--opt-ab: {WHERE}: {exc}", pytrace=False)
+        failure = f"--opt-ab: {WHERE}: {exc}"
+    pytest.fail(failure, pytrace=False)  # outside the handler: the message once, not chained to the worker's

@@ -140,7 +140,7 @@ def test_a_null_ab_passes_and_a_slowed_candidate_fails_the_run_with_one_line(run
     assert ab["optimized"]["rounds"] == 6 and len(ab["optimized"]["latency_samples_s"]) == 6
     assert ab["verdict"] == "ok", ab
     assert ab["similarity"]["kl_mean"] < 1e-6 and ab["similarity"]["top1"] == 1.0  # the same stack, the same numbers
-    null.result.stdout.fnmatch_lines(["*identical stacks*", "A/B: 0 regressed, 0 improved, 1 ok, 0 not judged*"])
+    null.result.stdout.fnmatch_lines(["*identical stacks*", "A/B: 0 regressed, 0 inconclusive, 0 improved, 1 ok, 0 not comparable, 0 not judged*"])
 
     # the default rounds (auto): the open A/B verdict holds them until it is settled (sleepy rounds: at once)
     slowed = run_user(SLEEPY_TEST, "--opt-rounds=auto", f"--opt-ab={reference}",
@@ -219,7 +219,7 @@ def test_a_reference_that_cannot_import_torch_is_said_in_one_line(run_user, pyte
                                      "no usable torch*"])
 
 
-def test_a_technique_the_reference_cannot_run_skips_that_test_and_the_others_run(run_user, pytester):
+def test_a_technique_the_reference_cannot_run_is_not_comparable_and_the_others_compare(run_user, pytester):
     # an optimum without quanto, first on the reference's path: there optimum.quanto is not installed
     shadow = pytester.path / "shadow" / "optimum"
     shadow.mkdir(parents=True)
@@ -232,10 +232,13 @@ from pytest_transformers_opt import techniques
 def test_quantized_cache(opt_bench):
     opt_bench(max_new_tokens=4)
 '''
-    run = run_user(source, f"--opt-ab={reference}", "-rs")
-    run.result.assert_outcomes(passed=1, skipped=1)
-    run.result.stdout.fnmatch_lines(["*--opt-ab: in the reference environment: *quanto*found*"])
-    assert "ab" in run.test("test_sdpa")
+    run = run_user(source, f"--opt-ab={reference}")
+    run.result.assert_outcomes(passed=2)  # the candidate's own verdict stands (issue 40: it was a skip)
+    ab = run.test("test_quantized_cache")["ab"]
+    assert ab["verdict"] == "not comparable" and ab["optimized"] is None
+    assert ab["details"][0].startswith("in the reference environment: ") and "quanto" in ab["details"][0]
+    run.result.stdout.fnmatch_lines(["AB not comparable *test_quantized_cache: in the reference environment: *quanto*"])
+    assert run.test("test_sdpa")["ab"]["optimized"]["rounds"] == 2
 
 
 def test_a_worker_that_dies_mid_round_fails_that_test_with_its_last_lines_and_the_next_test_starts_a_new_one(

@@ -62,13 +62,13 @@ def test_a_report_with_ab_records_merges_and_renders_them_in_every_format(capsys
     assert merged["tests"][0]["ab"]["verdict"] == "regressed" and merged["tests"][1]["ab"]["verdict"] == "ok"
     assert merged["ab"] == {**original["ab"], "merge_note": None}
     assert merged["ab"]["differs"] == {"transformers": ["5.24.0 (candidate)", "5.22.0 (reference)"]}
-    assert merged["ab"]["summary"] == {"regressed": 1, "improved": 0, "ok": 1, "not judged": 0}
+    assert merged["ab"]["summary"] == {"regressed": 1, "inconclusive": 0, "improved": 0, "ok": 1, "not comparable": 0, "not judged": 0}
     assert merged["shards"][0]["ab"] == original["ab"]
     # Markdown: the section, its header, a line per test with an A/B record (none for test_c)
     section = markdown[markdown.index("### A/B against another environment"):markdown.index("<details>")]
     assert "**candidate /venv/candidate/bin/python vs reference /venv/reference/bin/python**" in section
     assert "**what differs: transformers 5.24.0 (candidate) / 5.22.0 (reference)**" in section
-    assert "**--opt-ab-fail=latency:5%,kl_mean:0.01: 1 regressed, 0 improved, 1 ok, 0 not judged**" in section
+    assert "**--opt-ab-fail=latency:5%,kl_mean:0.01: 1 regressed, 0 inconclusive, 0 improved, 1 ok, 0 not comparable, 0 not judged**" in section
     assert f"- `t.py::test_a`: {LINE_A.replace('[', chr(92) + '[').replace(']', chr(92) + ']')}" in section
     assert f"- `t.py::test_b`: {LINE_B.replace('[', chr(92) + '[')}" in section
     assert "test_c" not in section
@@ -92,7 +92,7 @@ def test_shards_against_different_references_keep_their_own_lines_and_say_they_d
     assert [t["nodeid"] for t in merged["tests"]] == ["t.py::test_a", "t.py::test_b"]
     assert merged["tests"][1]["ab"]["note"] == "identical stacks"  # an A/B of an environment with itself says so
     assert merged["ab"]["note"] is None  # no one pair of stacks for the whole merge
-    assert merged["ab"]["summary"] == {"regressed": 1, "improved": 0, "ok": 0, "not judged": 1}
+    assert merged["ab"]["summary"] == {"regressed": 1, "inconclusive": 0, "improved": 0, "ok": 0, "not comparable": 0, "not judged": 1}
     assert merged["ab"]["merge_note"] == (
         "the shards' references differ: /venv/reference/bin/python (transformers 5.22.0) in "
         f"{tmp_path / 'bumped.json'}; /venv/wrapper/python (transformers 5.24.0) in {tmp_path / 'itself.json'}; "

@@ -25,7 +25,7 @@ from pytest_transformers_opt.report.schema import validate_report
 from pytest_transformers_opt.scaffold import writer as scaffold_writer
 from pytest_transformers_opt.verdict.budgets import BUDGETS
 
-from test_workflows import _run_actionlint  # noqa: E402  (tests/integration is on sys.path, as for test_docs)
+from test_workflows import _actionlint, _run_actionlint  # noqa: E402  (tests/integration is on sys.path)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,6 +34,7 @@ else:  # the oldest job's Python: tomli, from the test extra
 
 STARTER = "tests/test_optimizations.py"
 WORKFLOW = ".github/workflows/gpu-gate.yml"
+ACTIONLINT = ".github/actionlint.yaml"
 # The advisor's picks for the built-in model on CPU: its own (speed), then the stages load and long-input.
 TINY_PICKS = {"test_compile": None, "test_bnb_8bit": "load", "test_sdpa": "long-input"}
 
@@ -76,7 +77,7 @@ def test_init_into_an_empty_folder_then_pytest_there_is_green_with_the_report(py
     assert result.code == 0, result.err
     assert result.err == ""
     written = files_under(pytester.path)
-    assert set(written) == {STARTER, "pytest.ini", WORKFLOW}
+    assert set(written) == {STARTER, "pytest.ini", WORKFLOW, ACTIONLINT}
     assert f"wrote {STARTER}" in result.out and "the advisor picks compile, bnb_8bit, sdpa" in result.out
 
     # the files as written; only the rounds are cut to one (no warm-up) to keep this test cheap
@@ -269,11 +270,13 @@ def test_the_workflow_passes_actionlint_and_gates_on_the_report(tmp_path, capsys
     assert re.search(r'pip install "pytest-transformers-opt==[0-9][^"]*"', install)
     run = steps["Run the optimization tests"]["run"]
     assert "--opt-require=compile,bnb_8bit,sdpa" in run and "-m optimization" in run
-    assert "--opt-report-json=opt-report.json" in run and "--opt-compare=opt-baseline/opt-report.json" in run
+    assert "--opt-report-json=opt-report.json" in run and '"--opt-compare=$OPT_HISTORY"' in run
+    assert "--opt-compare-confirm=1" in run  # main's window, a regression measured twice
     assert steps["Upload the report"]["with"]["path"] == "opt-report.json"
     assert "hashFiles('tests/**')" in steps["Restore the compile cache"]["with"]["key"]
-    download = steps["Download the report of the last successful run on main"]["with"]
-    assert download["workflow"] == path.name and download["name"] == "opt-report"
+    # (test_gate_workflow_history.py runs these steps: main records, a pull request reads)
+    assert steps["Restore main's run history"]["with"]["restore-keys"] == "opt-history-main-gate-"
+    assert steps["Save main's run history"]["if"] == "always() && steps.history.outputs.record == 'true'"
     check = subprocess.run(["bash", "-n"], input=run, text=True, capture_output=True, check=False)
     assert check.returncode == 0, check.stderr  # the run step is valid bash
 
@@ -287,3 +290,115 @@ def test_create_atomic_never_replaces_a_file(tmp_path):
         create_atomic(target, "second\n")
     assert target.read_text() == "first\n"
     assert [p.name for p in tmp_path.iterdir()] == [target.name]  # no temporary file left behind
+
+
+# --------------------------------------------------------------------------- red team, round three (finding 10)
+
+
+def _git_init(folder: Path) -> None:
+    """A user's project is a git checkout: actionlint finds its .github/actionlint.yaml from the repository root."""
+    subprocess.run(["git", "init", "-q", str(folder)], check=True, capture_output=True, timeout=60)
+
+
+def _actionlint_in(project: Path) -> subprocess.CompletedProcess[str]:
+    """actionlint as a user runs it in the project: no -config-file, so it reads the project's own."""
+    return subprocess.run([_actionlint(), "-no-color", "-oneline"], cwd=project, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_actionlint_passes_the_written_project_with_the_config_init_writes(tmp_path, capsys):
+    """Red team: actionlint failed the generated workflow (label "gpu" is unknown), and the
+    .github/actionlint.yaml its comment names was not written."""
+    _git_init(tmp_path)
+    result = init(capsys, "--directory", str(tmp_path))
+    assert result.code == 0, result.err
+    assert f"wrote {ACTIONLINT}" in result.out
+    config = yaml.safe_load((tmp_path / ACTIONLINT).read_text())
+    assert config == {"self-hosted-runner": {"labels": ["gpu"]}}
+    assert ACTIONLINT in (tmp_path / WORKFLOW).read_text()  # the file the workflow's comment names
+    lint = _actionlint_in(tmp_path)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    (tmp_path / ACTIONLINT).unlink()  # without it, what the user saw
+    lint = _actionlint_in(tmp_path)
+    assert lint.returncode == 1 and 'label "gpu" is unknown' in lint.stdout
+
+
+@pytest.mark.parametrize("name, text, note", [
+    ("actionlint.yaml", "self-hosted-runner:\n  labels:\n    - a100\n", True),
+    ("actionlint.yml", "self-hosted-runner:\n  labels: [gpu, a100]\n", False),
+])
+def test_an_existing_actionlint_config_is_never_overwritten(tmp_path, capsys, name, text, note):
+    (tmp_path / ".github").mkdir()
+    (tmp_path / ".github" / name).write_text(text)
+    result = init(capsys, "--directory", str(tmp_path))
+    assert result.code == 0, result.err
+    assert (tmp_path / ".github" / name).read_text() == text
+    assert set(files_under(tmp_path / ".github")) == {name, "workflows/gpu-gate.yml"}  # no second config
+    assert f"wrote {ACTIONLINT}" not in result.out
+    lacks = f"note: .github/{name}: exists and is left as it is; actionlint reports the runner label gpu as unknown"
+    assert (lacks in result.out) is note
+
+
+def test_a_crlf_pyproject_keeps_its_line_endings(tmp_path, capsys):
+    """Red team: init rewrote a CRLF pyproject.toml to LF (every line of the file shows as changed)."""
+    original = b'[project]\r\nname = "mine"\r\nversion = "1"\r\n'
+    (tmp_path / "pyproject.toml").write_bytes(original)
+    result = init(capsys, "--directory", str(tmp_path))
+    assert result.code == 0, result.err
+    written = (tmp_path / "pyproject.toml").read_bytes()
+    assert written.startswith(original + b"\r\n[tool.pytest.ini_options]\r\n")
+    assert written.count(b"\n") == written.count(b"\r\n") > original.count(b"\n")  # no bare LF anywhere
+    options = tomllib.loads(written.decode())["tool"]["pytest"]["ini_options"]
+    assert options["opt_model"] == "tiny-random-llama"
+
+
+def test_an_lf_pyproject_stays_lf(tmp_path, capsys):
+    (tmp_path / "pyproject.toml").write_bytes(b'[project]\nname = "mine"\n')
+    assert init(capsys, "--directory", str(tmp_path)).code == 0
+    assert b"\r" not in (tmp_path / "pyproject.toml").read_bytes()
+
+
+def test_an_invalid_pyproject_is_refused_naming_the_parse_error(tmp_path, capsys):
+    """Red team: init appended its table to a pyproject.toml that was not TOML, and reported success."""
+    text = '[project]\nname = "mine\nversion = "1"\n'  # an unterminated string
+    (tmp_path / "pyproject.toml").write_text(text)
+    result = init(capsys, "--directory", str(tmp_path))
+    assert result.code == 1
+    assert "refused, nothing written" in result.err
+    (reason,) = [line for line in result.err.splitlines() if "pyproject.toml" in line]
+    assert reason.startswith("  pyproject.toml: is not valid TOML (")
+    assert "line 2" in reason  # tomllib's own message, with where
+    assert files_under(tmp_path) == {"pyproject.toml": text}
+
+
+def test_pytest_9_s_tool_pytest_table_is_named_as_it_is(tmp_path, capsys):
+    """Red team: a pyproject.toml with pytest 9's [tool.pytest] was refused as having [tool.pytest.ini_options]."""
+    text = '[project]\nname = "mine"\n\n[tool.pytest]\naddopts = ["-q"]\n'
+    (tmp_path / "pyproject.toml").write_text(text)
+    result = init(capsys, "--directory", str(tmp_path))
+    assert result.code == 1
+    assert ("  pyproject.toml: already has [tool.pytest] (pytest 9's settings table); add the keys there yourself "
+            "(--dry-run prints them)") in result.err.splitlines()
+    assert "ini_options" not in result.err
+    assert files_under(tmp_path) == {"pyproject.toml": text}
+    dry = init(capsys, "--directory", str(tmp_path), "--dry-run")
+    shown = dry.out[dry.out.index("=== pyproject.toml"):]
+    section = shown.split("\n", 1)[1].split("\n=== ")[0]
+    assert section.startswith("[tool.pytest]\n")  # the keys to add, under the table the file has
+    assert tomllib.loads(section)["tool"]["pytest"]["opt_model"] == "tiny-random-llama"
+
+
+@pytest.mark.parametrize("text, table", [
+    ('[tool.pytest.ini_options]\naddopts = "-q"\n', "tool.pytest.ini_options"),
+    ('tool.pytest.ini_options.addopts = "-q"\n', "tool.pytest.ini_options"),  # a dotted key, no header
+    ("[tool.pytest]\n", "tool.pytest"),  # empty: pytest 9 reads it as its configuration all the same
+    ('[tool.black]\nline-length = 100\n', None),
+])
+def test_the_pytest_table_is_read_from_the_parsed_file(tmp_path, capsys, text, table):
+    (tmp_path / "pyproject.toml").write_text(text)
+    result = init(capsys, "--directory", str(tmp_path))
+    assert result.code == (1 if table else 0), result.err
+    if table:
+        assert f"already has [{table}]" in result.err
+    else:
+        assert "ini_options" in tomllib.loads((tmp_path / "pyproject.toml").read_text())["tool"]["pytest"]

@@ -172,20 +172,26 @@ def test_gate_runs_on_the_self_hosted_gpu_runner_and_not_for_forks() -> None:
     job = workflow["jobs"]["gpu-gate"]
     assert job["runs-on"] == ["self-hosted", "gpu"]
     assert "github.event.pull_request.head.repo.full_name == github.repository" in job["if"]
-    assert workflow["permissions"] == {"contents": "read", "actions": "read"}
+    assert workflow["permissions"] == {"contents": "read"}  # the cache needs no token scope; no artifact is read
     steps = job["steps"]
     _step_using(steps, "actions/checkout@")
     assert any(str(step.get("run", "")).strip().startswith("python -m pip install -e .") for step in steps)
 
 
-def test_gate_downloads_the_last_successful_report_from_main_before_running() -> None:
-    steps = _steps(_load(GATE_YML), "gpu-gate")
-    download = _step_using(steps, "dawidd6/action-download-artifact@")
-    assert download["with"] == {
-        "workflow": "gpu-gate.yml", "branch": "main", "workflow_conclusion": "success", "name": "opt-report",
-        "path": "example_project/baseline", "search_artifacts": True, "if_no_artifact_found": "warn",
-    }
-    assert steps.index(download) < steps.index(_gate_script())
+@pytest.mark.parametrize("job", ["gpu-gate", "shard"])
+def test_gate_restores_main_s_history_before_the_tests_and_saves_it_after_them_on_main_only(job: str) -> None:
+    """The order and the conditions; test_gate_workflow_history.py runs them against a stand-in cache."""
+    steps = _steps(_load(GATE_YML), job)
+    restore = _named_step(_load(GATE_YML), job, "Restore main's run history")
+    save = _named_step(_load(GATE_YML), job, "Save main's run history")
+    decide = _named_step(_load(GATE_YML), job, "records main's history")
+    run = _named_step(_load(GATE_YML), job, "optimization tests")
+    assert steps.index(decide) < steps.index(restore) < steps.index(run) < steps.index(save)
+    assert restore["with"]["path"] == save["with"]["path"] == ".opt-history-main"
+    assert save["if"] == "always() && steps.history.outputs.record == 'true'"
+    assert save["with"]["key"] == "${{ steps.history-cache.outputs.cache-primary-key }}"
+    assert run["env"]["OPT_HISTORY"] == "${{ github.workspace }}/.opt-history-main"
+    assert not any(str(step.get("uses", "")).startswith("dawidd6/") for step in steps)  # no one-report baseline
 
 
 def test_gate_uploads_the_json_report_and_benchmark_data_even_when_the_tests_fail() -> None:
@@ -206,20 +212,18 @@ def test_gate_relies_on_the_plugin_for_the_step_summary() -> None:
     assert "$GITHUB_STEP_SUMMARY by itself" in GATE_YML.read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("with_baseline", [True, False], ids=["baseline-found", "no-baseline"])
-def test_gate_script_passes_compare_flags_only_when_a_baseline_was_downloaded(
-    tmp_path: Path, with_baseline: bool
-) -> None:
+@pytest.mark.parametrize("record", [True, False], ids=["main", "pull-request"])
+def test_gate_script_compares_with_main_s_window_and_records_only_on_main(tmp_path: Path, record: bool) -> None:
     """Run the step's own shell script with a stand-in pytest that records its arguments."""
     bash = shutil.which("bash")
     assert bash is not None, "the gate's step script runs in bash"
     step = _gate_script()
     assert step["shell"] == "bash"
     assert step["working-directory"] == "example_project"
+    assert step["env"]["RECORD_HISTORY"] == "${{ steps.history.outputs.record }}"
     project = tmp_path / "example_project"
-    (project / "baseline").mkdir(parents=True)
-    if with_baseline:
-        (project / "baseline" / "opt-report.json").write_text("{}", encoding="utf-8")
+    project.mkdir()
+    history = tmp_path / ".opt-history-main"  # not restored: the first run of a fresh repository
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     fake_pytest = fake_bin / "pytest"
@@ -229,19 +233,19 @@ def test_gate_script_passes_compare_flags_only_when_a_baseline_was_downloaded(
     script = tmp_path / "step.sh"
     script.write_text(step["run"], encoding="utf-8")
     args_file = tmp_path / "args.txt"
-    env = {**os.environ, "PATH": f"{fake_bin}{os.pathsep}{os.environ.get('PATH', '')}", "ARGS_FILE": str(args_file)}
+    env = {**os.environ, "PATH": f"{fake_bin}{os.pathsep}{os.environ.get('PATH', '')}", "ARGS_FILE": str(args_file),
+           "OPT_HISTORY": str(history), "RECORD_HISTORY": "true" if record else "false"}
     result = subprocess.run([bash, "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=project, env=env,
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     args = args_file.read_text(encoding="utf-8").splitlines()
     expected = ["--opt-report", f"--opt-require={REQUIRED}", "--opt-report-json=opt-report.json",
-                "--opt-report-md=opt-report.md", "--benchmark-json=benchmark.json"]
-    if with_baseline:
-        expected += ["--opt-compare=baseline/opt-report.json", f"--opt-compare-fail={COMPARE_FAIL}"]
-        assert "::notice" not in result.stdout
-    else:
-        assert "running without --opt-compare" in result.stdout
+                "--opt-report-md=opt-report.md", "--benchmark-json=benchmark.json", f"--opt-compare={history}",
+                f"--opt-compare-fail={COMPARE_FAIL}", "--opt-compare-confirm=1"]
+    if record:
+        expected.append(f"--opt-history={history}")
     assert args == expected
+    assert history.is_dir() and list(history.iterdir()) == []  # made, for the plugin to read as a history not begun
 
 
 # --------------------------------------------------------------------------- gpu-gate.yml: the matrix variant
@@ -311,13 +315,16 @@ def test_a_shard_selects_its_tests_with_pytest_split_or_by_test_file(tmp_path: P
         (project / "tests" / name).write_text("", encoding="utf-8")
     args_file = tmp_path / "args.txt"
     fakes = {"pytest": RECORD_ARGS, "python": f"exit {0 if with_split else 1}\n"}  # python -c "import pytest_split"
+    history = tmp_path / ".opt-history-main"
     result = _run_step(tmp_path, step, project, fakes,
-                       {"ARGS_FILE": str(args_file), "SHARDS": "3", "SHARD": "1"})
+                       {"ARGS_FILE": str(args_file), "SHARDS": "3", "SHARD": "1", "OPT_HISTORY": str(history),
+                        "RECORD_HISTORY": "false"})
     assert result.returncode == 0, result.stderr
     selection = ["--splits", "3", "--group", "1"] if with_split else ["tests/test_a.py", "tests/test_d.py"]
     assert args_file.read_text(encoding="utf-8").splitlines() == [
         "--opt-report", f"--opt-require={REQUIRED}", "--opt-report-json=opt-report.json",
-        "--opt-report-md=opt-report.md", *selection]
+        "--opt-report-md=opt-report.md", f"--opt-compare={history}", f"--opt-compare-fail={COMPARE_FAIL}",
+        "--opt-compare-confirm=1", *selection]
 
 
 def test_a_shard_without_test_files_runs_nothing(tmp_path: Path) -> None:
@@ -326,55 +333,45 @@ def test_a_shard_without_test_files_runs_nothing(tmp_path: Path) -> None:
     (project / "tests").mkdir(parents=True)
     (project / "tests" / "test_a.py").write_text("", encoding="utf-8")
     result = _run_step(tmp_path, step, project, {"pytest": "exit 3\n", "python": "exit 1\n"},
-                       {"SHARDS": "3", "SHARD": "2"})
+                       {"SHARDS": "3", "SHARD": "2", "OPT_HISTORY": str(tmp_path / "history"), "RECORD_HISTORY": "true"})
     assert result.returncode == 0 and "Shard 2 of 3 has no test file" in result.stdout
 
 
-def test_the_merge_job_downloads_every_shard_and_main_s_report() -> None:
+def test_the_merge_job_downloads_every_shard_s_report_and_uploads_the_merged_one() -> None:
     workflow = _load(GATE_YML)
     steps = _steps(workflow, "merge")
     assert workflow["jobs"]["merge"]["runs-on"] == "ubuntu-latest"
-    assert _step_using(steps, "actions/download-artifact@")["with"] == {"pattern": "opt-shard-*", "path": "shards"}
-    baseline = _step_using(steps, "dawidd6/action-download-artifact@")
-    assert baseline["with"]["name"] == "opt-report" and baseline["with"]["branch"] == "main"
-    assert baseline["with"]["path"] == "baseline"
-    upload = _step_using(steps, "actions/upload-artifact@")  # the merged report is the next run's baseline
+    download = _step_using(steps, "actions/download-artifact@")
+    assert download["with"] == {"pattern": "opt-shard-*", "path": "shards"}
+    assert not any(str(step.get("uses", "")).startswith("dawidd6/") for step in steps)  # the shards gate
+    upload = _step_using(steps, "actions/upload-artifact@")
     assert upload["if"] == "always()" and upload["with"]["name"] == "opt-report"
-    gate = _named_step(workflow, "merge", "Merge, gate")
-    assert steps.index(baseline) < steps.index(gate) < steps.index(upload)
+    merge = _named_step(workflow, "merge", "Merge and write")
+    assert steps.index(download) < steps.index(merge) < steps.index(upload)
 
 
-@pytest.mark.parametrize("status, with_baseline", [(0, True), (1, True), (2, False)],
-                         ids=["passes", "regressed", "no-baseline-bad-input"])
-def test_the_merge_step_gates_on_the_merge_exit_status_and_writes_the_step_summary(
-        tmp_path: Path, status: int, with_baseline: bool) -> None:
-    step = _named_step(_load(GATE_YML), "merge", "Merge, gate")
+@pytest.mark.parametrize("status", [0, 2], ids=["merged", "bad-input"])
+def test_the_merge_step_exits_with_the_merge_s_status_and_writes_the_step_summary(tmp_path: Path, status: int) -> None:
+    step = _named_step(_load(GATE_YML), "merge", "Merge and write")
     work = tmp_path / "work"
     for shard in ("opt-shard-gpu-1", "opt-shard-gpu-2"):
         (work / "shards" / shard).mkdir(parents=True)
         (work / "shards" / shard / "opt-report.json").write_text("{}", encoding="utf-8")
-    if with_baseline:
-        (work / "baseline").mkdir()
-        (work / "baseline" / "opt-report.json").write_text("{}", encoding="utf-8")
     args_file, summary = tmp_path / "args.txt", tmp_path / "summary.md"
     summary.write_text("earlier step\n", encoding="utf-8")
     fake = RECORD_ARGS + ("" if status == 2 else 'printf "# merged\\n" > opt-report.md\n') + f"exit {status}\n"
     result = _run_step(tmp_path, step, work, {"pytest-opt": fake},
                        {"ARGS_FILE": str(args_file), "GITHUB_STEP_SUMMARY": str(summary)})
     assert result.returncode == status, result.stderr
-    expected = ["merge", "shards/opt-shard-gpu-1/opt-report.json", "shards/opt-shard-gpu-2/opt-report.json",
-                "-o", "opt-report.json", "--md", "opt-report.md"]
-    if with_baseline:
-        expected += ["--compare", "baseline/opt-report.json", "--compare-fail", COMPARE_FAIL]
-    else:
-        assert "merging without --compare" in result.stdout
-    assert args_file.read_text(encoding="utf-8").splitlines() == expected
+    assert args_file.read_text(encoding="utf-8").splitlines() == [
+        "merge", "shards/opt-shard-gpu-1/opt-report.json", "shards/opt-shard-gpu-2/opt-report.json",
+        "-o", "opt-report.json", "--md", "opt-report.md"]
     # appended, also when the gate failed; nothing when the merge wrote no summary
     assert summary.read_text(encoding="utf-8") == "earlier step\n" + ("" if status == 2 else "# merged\n")
 
 
 def test_the_merge_step_fails_when_no_shard_uploaded_a_report(tmp_path: Path) -> None:
-    step = _named_step(_load(GATE_YML), "merge", "Merge, gate")
+    step = _named_step(_load(GATE_YML), "merge", "Merge and write")
     result = _run_step(tmp_path, step, tmp_path, {"pytest-opt": "exit 0\n"})
     assert result.returncode == 1 and "No shard uploaded a report" in result.stdout
 

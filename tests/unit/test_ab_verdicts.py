@@ -125,35 +125,45 @@ def test_a_same_stack_null_is_ok() -> None:
     assert [r["verdict"] for r in record["judged"]] == ["ok"]
 
 
-def test_a_slower_median_without_significance_is_ok_within_noise() -> None:
+def test_a_slower_median_without_significance_is_inconclusive_never_ok() -> None:
+    """The medians moved past the limit but the pairs cannot say so significantly: the gate cannot vouch for the
+    test (issue 40: never "ok" for what it could not see), nor fail it; it says how large a change it could see."""
     record = judged(NOISY_SLOWER, NOISY_REFERENCE, "latency:5%")
     assert record["figures"]["latency"]["change_pct"] > 5.0  # the medians moved past the limit ...
-    assert record["verdict"] == "ok"  # ... but not significantly
-    assert record["judged"][0]["note"] == "not significant" and record["judged"][0]["rule"] == "wilcoxon-signed-rank"
-    assert record["details"][0].endswith(" on 10 pairs, not significant: ok")
+    assert record["verdict"] == "inconclusive"  # ... but not significantly
+    [judgement] = record["judged"]
+    assert judgement["note"] == "not significant" and judgement["rule"] == "wilcoxon-signed-rank"
+    assert judgement["detectable"] > 2 * 5.0
+    assert record["details"][0].endswith(f" on 10 pairs, not significant, detectable {judgement['detectable']:.3g}%: "
+                                         f"inconclusive")
     test = row("t.py::test_a", NOISY_SLOWER, record)
-    assert ab_line(report(test), test).endswith("; ok (latency within noise)")
+    assert ab_line(report(test), test).endswith("; inconclusive (latency: not resolved by the rounds)")
     lines, failure = gate_lines(report(test), gate("latency:5%"), "--opt-ab-fail=latency:5%")
-    assert failure is None
-    assert "AB within noise t.py::test_a: latency moved past the limit, not significantly: ok" in lines
+    assert failure is None  # inconclusive never fails a run ...
+    assert any(line.startswith("AB INCONCLUSIVE t.py::test_a: latency 100.0 ms -> ") and "detectable" in line
+               for line in lines)  # ... and is always listed
 
 
 def test_interleaved_rounds_are_judged_on_their_pairs_where_unpaired_rounds_cannot_tell() -> None:
     """The point of the paired rule: every round 6-8% slower than the reference's beside it, under a spread of
     +-30% the two share. On the pairs the shared noise cancels and 7% is told from 5%; the same samples ranked
-    unpaired (blocks mode, whose rounds are not taken in turns) cannot tell, and stay ok."""
+    unpaired (blocks mode, whose rounds are not taken in turns) cannot tell: inconclusive, with the size they could see."""
     paired = judged(SHARED_NOISE_SLOWER, NOISY_REFERENCE, "latency:5%")
     [judgement] = paired["judged"]
     assert paired["verdict"] == "regressed" and paired["figures"]["latency"]["change_pct"] == pytest.approx(6.9)
     assert judgement["rule"] == "wilcoxon-signed-rank" and judgement["rounds"] == [10, 10]
     assert judgement["p_value"] == pytest.approx(1 / 1024)  # every pair past +5%
     assert paired["details"][0] == ("latency 100.0 ms -> 106.9 ms (+6.9%, limit 5%), ratio 1.07x, Wilcoxon "
-                                    "signed-rank p=0.00098 on 10 pairs: regressed")
+                                    f"signed-rank p=0.00098 on 10 pairs, detectable {judgement['detectable']:.3g}%: "
+                                    "regressed")
+    assert 5.0 < judgement["detectable"] < 6.9  # the pairs could see this change
     unpaired = judged(SHARED_NOISE_SLOWER, NOISY_REFERENCE, "latency:5%", mode="blocks")
     [judgement] = unpaired["judged"]
-    assert unpaired["verdict"] == "ok" and judgement["note"] == "not significant"
+    assert unpaired["verdict"] == "inconclusive" and judgement["note"] == "not significant"
     assert judgement["rule"] == "mann-whitney" and judgement["p_value"] > 0.05 and judgement["rounds"] == [10, 10]
-    assert unpaired["details"][0].endswith("Mann-Whitney p=0.34 on 10+10 rounds, not significant: ok")
+    assert judgement["detectable"] > 10.0
+    assert unpaired["details"][0].endswith(f"Mann-Whitney p=0.34 on 10+10 rounds, not significant, detectable "
+                                           f"{judgement['detectable']:.3g}%: inconclusive")
 
 
 def test_a_null_under_shared_noise_is_ok_and_the_paired_rule_is_rendered_where_mann_whitney_is() -> None:
@@ -177,7 +187,8 @@ def test_the_paired_rule_judges_an_improvement_and_mirrors_throughput() -> None:
     faster = judged(NOISY_REFERENCE, SHARED_NOISE_SLOWER, "latency:5%")
     assert faster["verdict"] == "improved" and faster["judged"][0]["rule"] == "wilcoxon-signed-rank"
     assert faster["judged"][0]["p_value"] < 0.01
-    assert judged(NOISY_REFERENCE, SHARED_NOISE_SLOWER, "latency:5%", mode="blocks")["verdict"] == "ok"
+    # unpaired, +-30% noise cannot vouch for 5%: an improvement it cannot confirm, and blind to twice the limit
+    assert judged(NOISY_REFERENCE, SHARED_NOISE_SLOWER, "latency:5%", mode="blocks")["verdict"] == "inconclusive"
 
     def throughput(candidate_rounds: list[float], reference_rounds: list[float], mode: str) -> dict[str, Any]:
         test = row("t.py::test_a", candidate_rounds, ab_record(reference_rounds, mode=mode))
@@ -189,7 +200,7 @@ def test_the_paired_rule_judges_an_improvement_and_mirrors_throughput() -> None:
     slower = throughput(SHARED_NOISE_SLOWER, NOISY_REFERENCE, "interleaved")
     assert slower["verdict"] == "regressed" and slower["judged"][0]["rule"] == "wilcoxon-signed-rank"
     assert slower["details"][0].startswith("throughput 80.0 tok/s -> 74.8 tok/s (-6.5%, limit -5%)")
-    assert throughput(SHARED_NOISE_SLOWER, NOISY_REFERENCE, "blocks")["verdict"] == "ok"
+    assert throughput(SHARED_NOISE_SLOWER, NOISY_REFERENCE, "blocks")["verdict"] == "inconclusive"
     assert throughput(NOISY_REFERENCE, SHARED_NOISE_SLOWER, "interleaved")["verdict"] == "improved"
     assert throughput(SHARED_NOISE_SAME, NOISY_REFERENCE, "interleaved")["verdict"] == "ok"
 
@@ -210,14 +221,16 @@ def test_rounds_that_are_not_pairs_are_judged_unpaired() -> None:
 
 def test_fewer_than_five_pairs_are_ranked_unpaired_or_judged_by_the_medians() -> None:
     """Four pairs cannot reach p < 0.05 on their signs (1/16 at best): 4+4 rounds ranked unpaired still can
-    (1/70), as before the paired rule; three, neither: the medians alone, saying why."""
+    (1/70), as before the paired rule; three, neither: the medians alone cannot say how large a change they could
+    show, so a worsening past the limit is inconclusive (never "no significant difference ...; regressed")."""
     four = judged(SLOWER[:4], REFERENCE_ROUNDS[:4], "latency:5%")
     assert four["verdict"] == "regressed" and four["judged"][0]["rule"] == "mann-whitney"
     assert four["judged"][0]["rounds"] == [4, 4]
     three = judged(SLOWER[:3], REFERENCE_ROUNDS[:3], "latency:5%")
-    assert three["verdict"] == "regressed" and three["judged"][0]["rule"] == "median"
+    assert three["verdict"] == "inconclusive" and three["judged"][0]["rule"] == "median"
     assert three["judged"][0]["note"] == "too few rounds (3+3) for a significance test"
-    assert three["details"][0].endswith("median rule: too few rounds (3+3) for a significance test: regressed")
+    assert three["details"][0].endswith("median rule: too few rounds (3+3) for a significance test, detectable size "
+                                        "unknown: inconclusive")
 
 
 def test_kl_mean_is_judged_on_the_cross_environment_similarity() -> None:
@@ -230,7 +243,7 @@ def test_kl_mean_is_judged_on_the_cross_environment_similarity() -> None:
 
 def test_the_median_rule_says_which_side_in_the_ab_words() -> None:
     record = judged(SLOWER, REFERENCE_ROUNDS, "ttft:5%")
-    assert record["verdict"] == "regressed"  # no rounds: the medians alone judge, as --opt-compare-fail does
+    assert record["verdict"] == "inconclusive"  # no rounds in one job: nothing says what the medians could show
     assert record["judged"][0]["note"] == "the reference side keeps no per-round ttft samples"
     test = row("t.py::test_a", SLOWER, ab_record(REFERENCE_ROUNDS))
     test["ab"]["optimized"] = None
@@ -278,7 +291,7 @@ def test_complete_ab_fills_the_rows_and_the_top_level_and_stays_schema_valid() -
     assert top is made["ab"]
     assert top["differs"] == {"transformers": ["5.24.0 (candidate)", "5.22.0 (reference)"]}
     assert top["note"] is None and top["thresholds"] == "latency:5%"
-    assert top["summary"] == {"regressed": 1, "improved": 0, "ok": 0, "not judged": 0}
+    assert top["summary"] == {"regressed": 1, "inconclusive": 0, "improved": 0, "ok": 0, "not comparable": 0, "not judged": 0}
     assert made["tests"][0]["ab"]["verdict"] == "regressed" and made["tests"][0]["ab"]["note"] is None
     assert "ab" not in made["tests"][1]
     validate_report(made)
@@ -289,11 +302,11 @@ def test_complete_ab_fills_the_rows_and_the_top_level_and_stays_schema_valid() -
     assert ab_header_lines(made) == [
         "candidate /venv/candidate/bin/python vs reference /venv/reference/bin/python",
         "what differs: transformers 5.24.0 (candidate) / 5.22.0 (reference)",
-        "--opt-ab-fail=latency:5%: 1 regressed, 0 improved, 0 ok, 0 not judged"]
+        "--opt-ab-fail=latency:5%: 1 regressed, 0 inconclusive, 0 improved, 0 ok, 0 not comparable, 0 not judged"]
     # without thresholds: figures and stacks, no verdict; completing again replaces what was there
     complete_ab(made, (), CANDIDATE)
     assert "verdict" not in made["tests"][0]["ab"] and made["ab"]["thresholds"] is None
-    assert ab_summary(made) == {"regressed": 0, "improved": 0, "ok": 0, "not judged": 1}
+    assert ab_summary(made) == {"regressed": 0, "inconclusive": 0, "improved": 0, "ok": 0, "not comparable": 0, "not judged": 1}
     assert complete_ab(report(row("t.py::test_b", SLOWER, None)), gate("latency:5%"), CANDIDATE) is None
 
 
@@ -314,7 +327,7 @@ def test_the_gate_lines_name_each_regressed_test_with_its_interval_limit_and_p_v
     lines, failure = gate_lines(made, thresholds, "--opt-ab-fail=latency:5%")
     assert lines[0].startswith("AB REGRESSED t.py::test_a: latency +10.0% [+10.0%, +10.0%] (reference 100.1 ms, "
                                "candidate 110.1 ms; limit 5%, Wilcoxon signed-rank p=0.0014 on 10 pairs)")
-    assert lines[1:] == ["A/B: 1 regressed, 0 improved, 1 ok, 0 not judged (--opt-ab-fail=latency:5% against the "
+    assert lines[1:] == ["A/B: 1 regressed, 0 inconclusive, 0 improved, 1 ok, 0 not comparable, 0 not judged (--opt-ab-fail=latency:5% against the "
                          "reference /venv/reference/bin/python)"]
     assert failure == ("1 test regressed past --opt-ab-fail=latency:5% against the reference "
                        "/venv/reference/bin/python: the run fails")
@@ -323,7 +336,7 @@ def test_the_gate_lines_name_each_regressed_test_with_its_interval_limit_and_p_v
 def test_a_gate_with_no_ab_record_or_nothing_judged_fails_saying_why() -> None:
     thresholds = gate("latency:5%")
     lines, failure = gate_lines(report(row("t.py::test_a", SLOWER, None)), thresholds, "--opt-ab-fail=latency:5%")
-    assert lines == ["A/B: 0 regressed, 0 improved, 0 ok, 0 not judged (--opt-ab-fail=latency:5%)"]
+    assert lines == ["A/B: 0 regressed, 0 inconclusive, 0 improved, 0 ok, 0 not comparable, 0 not judged (--opt-ab-fail=latency:5%)"]
     assert failure == ("--opt-ab-fail=latency:5%: no test has an A/B record (1 test measured, none in the reference "
                        "environment): the run fails")
     nothing = gate_lines(report(), thresholds, "G")[1]
@@ -375,7 +388,7 @@ def test_the_session_end_fails_the_run_and_prints_the_lines_in_every_verbosity_m
     writer.terminal(reporter)
     printed = [line for line, _ in reporter.lines]
     assert printed[0].startswith("AB REGRESSED t.py::test_a: latency +10.0% [+10.0%, +10.0%]")
-    assert printed[1].startswith("A/B: 1 regressed, 0 improved, 0 ok, 0 not judged (--opt-ab-fail=latency:5% ")
+    assert printed[1].startswith("A/B: 1 regressed, 0 inconclusive, 0 improved, 0 ok, 0 not comparable, 0 not judged (--opt-ab-fail=latency:5% ")
     assert reporter.lines[2] == ("transformers-opt: 1 test regressed past --opt-ab-fail=latency:5% against the "
                                  "reference /venv/reference/bin/python: the run fails", True)
     # a null passes, and a failing exit status stays what it was
@@ -417,7 +430,7 @@ def test_merging_keeps_the_first_stacks_and_says_where_the_shards_differ() -> No
     assert merged is not None and merged["reference"] == one["reference"]
     assert merged["merge_note"] == ("the shards' references differ: /r1 (torch 2.12.0) in a.json; /r2 (torch 2.11.0) "
                                     "in c.json; the shards' --opt-ab-fail thresholds differ: latency:5% / none")
-    assert merged["summary"] == {"regressed": 0, "improved": 0, "ok": 0, "not judged": 1}
+    assert merged["summary"] == {"regressed": 0, "inconclusive": 0, "improved": 0, "ok": 0, "not comparable": 0, "not judged": 1}
     same = merge_ab([("a.json", one), ("c.json", copy.deepcopy(one))], rows)
     assert same is not None and same["merge_note"] is None
     assert merge_ab([("a.json", None)], rows) is None

@@ -222,6 +222,11 @@ def test_token_match_top1_and_near_tie_equal_compare_runs() -> None:
     noise = torch.Generator().manual_seed(7)
     opt = [(lp.double() + 0.5 * torch.randn(lp.shape, generator=noise, dtype=torch.float64)).log_softmax(-1).float()
            for lp in base]
+    # at prompt 0's divergence the optimized side picked `second` by a hair too, as rounding would: a near-tie
+    tied = opt[0].double().clone()
+    tied[3, first] = tied[3].max() + 1.0
+    tied[3, second] = tied[3, first] + NEAR_TIE_LOGPROB_GAP / 4
+    opt[0] = tied.log_softmax(-1).float()
     stored = _baseline(tokens=base_tokens, logprobs=base)
 
     def both(optimized_tokens: list[list[int]], requested: int = steps) -> tuple[Any, Any]:
@@ -231,7 +236,9 @@ def test_token_match_top1_and_near_tie_equal_compare_runs() -> None:
     exact, estimate = both(opt_tokens)
     assert estimate.token_match == exact.token_match == pytest.approx((3 / 8 + 5 / 8 + 1) / 3)
     assert estimate.top1 == exact.top1 and estimate.compared_steps == exact.compared_steps
+    assert (estimate.top1_flips, estimate.near_tie_flips) == (exact.top1_flips, exact.near_tie_flips)
     assert estimate.near_tie is exact.near_tie is False  # prompt 1 is a real divergence
+    assert (estimate.divergences, estimate.near_tie_divergences) == (exact.divergences, exact.near_tie_divergences) == (2, 1)
     only_tie = [opt_tokens[0], base_tokens[1], base_tokens[2]]
     exact, estimate = both(only_tie, requested=6)
     assert estimate.token_match == exact.token_match and estimate.top1 == exact.top1
