@@ -11,7 +11,7 @@ its split is sure, at ``p <= MAX_P_VALUE`` (Otava's default: a history is tested
 
 - Student's t-test between the segments either side (pooled variance, as Apache Otava's), its p-value times
   the positions the split could have taken in its segment (Bonferroni). It resolves a step within 3 runs a
-  side: a +60% step among 5% noise from 6 runs on.
+  side: a +60% step among 2-3% noise from 6 runs on (among 5%, from 8).
 - A permutation test of the segment's ranks, as E-divisive does: the segment between the neighbouring change
   points is shuffled ``PERMUTATIONS`` times, the best split of each scored by the same statistic (the largest
   fall in squared error one split gives). On ranks, one run slowed by a busy machine moves a rank by one,

@@ -34,6 +34,7 @@ WHERE = "in the reference environment"
 TIMEOUT_FACTOR = 20.0  # a reference 20x slower than the candidate at the same request is taken for hung
 REQUEST_FLOOR_S = 60.0  # never less, for a round: a 50 ms round may stall for seconds on a busy machine
 LOAD_FLOOR_S = 300.0  # never less, for a load: the reference may convert or quantize what the candidate had cached
+STOPPED_WARMUP_S = 1.0  # a side that runs nothing says this for each warm-up round: the same figure each time
 
 
 def request_timeout(candidate_seconds: list[float], floor_s: float) -> float:
@@ -202,8 +203,6 @@ class ReferenceSide:
         return {**common, "optimized": optimized.to_dict(),
                 "similarity": self.similarity.to_dict() if self.similarity is not None else None}
 
-
-STOPPED_WARMUP_S = 1.0
 
 
 BLOCK_ROUNDS = 5  # the candidate's rounds per block; the reference runs its blocks in pairs between them

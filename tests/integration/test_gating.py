@@ -39,7 +39,7 @@ def test_compare_fails_the_run_on_a_regression_and_passes_on_an_improvement(run_
     regressed.result.assert_outcomes(passed=1)  # the test itself passed ...
     assert regressed.result.ret == pytest.ExitCode.TESTS_FAILED  # ... the run fails on the regression
     regressed.result.stdout.fnmatch_lines(["REGRESSED *test_sdpa: latency * (+*%, limit 10%)*",
-                                           "compare: 1 regressed, 0 improved*"])
+                                           "compare: 1 regressed, 0 inconclusive, 0 improved*"])
     assert regressed.test("test_sdpa")["regression"]["verdict"] == "regressed"
 
     much_slower_before = _scaled_report(first, 100.0, pytester.path / "old-slow.json")
