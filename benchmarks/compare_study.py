@@ -78,57 +78,18 @@ SLOWDOWN_TECHNIQUE = "compare_slowdown"
 NEIGHBOUR = "while True:\n    pass\n"  # a busy neighbour: one core's worth of spinning Python
 VERDICT_ORDER = ("regressed", "improved", "ok", "inconclusive", "not comparable")
 
-# The user technique that makes the optimized side slower (tests/slowdown.py's, with a float factor): after each
-# forward pass it busy-waits FACTOR times that pass's own time. FACTOR 0 installs nothing.
-CONFTEST = '''\
-"""Written by benchmarks/compare_study.py: the optimized side @PCT@% slower (0: unchanged)."""
-import contextlib
-import time
-
-from pytest_transformers_opt.techniques import Technique
-
-FACTOR = @FACTOR@
-
-
-class CompareSlowdown(Technique):
-    """Busy-waits FACTOR times each forward pass after it: a slower kernel."""
-    name = "@NAME@"
-    family = "study"
-    summary = "injected slowdown"
-
-    @contextlib.contextmanager
-    def around_generate(self, model):
-        if FACTOR <= 0:
-            yield
-            return
-        started = []
-
-        def before(module, args, kwargs):
-            started.append(time.perf_counter())
-
-        def after(module, args, kwargs, output):
-            until = time.perf_counter() + FACTOR * (time.perf_counter() - started.pop())
-            while time.perf_counter() < until:
-                pass
-
-        handles = [model.register_forward_pre_hook(before, with_kwargs=True),
-                   model.register_forward_hook(after, with_kwargs=True)]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-
-
-def pytest_opt_register_techniques(registry):
-    registry.register(CompareSlowdown)
-'''
+sys.path.insert(0, str(ROOT / "tests"))  # tests/slowdown.py: the user technique the verdict tests inject
+from slowdown import slowdown_technique  # noqa: E402
 
 
 def conftest_source(inject_pct: float) -> str:
-    """The project's conftest: ``compare_slowdown`` making each forward ``inject_pct`` percent slower."""
-    return (CONFTEST.replace("@FACTOR@", repr(inject_pct / 100.0)).replace("@PCT@", f"{inject_pct:g}")
-            .replace("@NAME@", SLOWDOWN_TECHNIQUE))
+    """The generated project's conftest: tests/slowdown.py's technique, the optimized side ``inject_pct``% slower
+    (each forward busy-waits that share of its own time after it; 0: the same hooks, no wait, so null and
+    injected sessions carry the same technique list and the same overhead)."""
+    return (f'"""Written by benchmarks/compare_study.py: the optimized side {inject_pct:g}% slower."""\n'
+            "import contextlib\nimport time\n\nfrom pytest_transformers_opt.techniques import Technique\n"
+            + slowdown_technique("CompareSlowdown", SLOWDOWN_TECHNIQUE, inject_pct / 100.0)
+            + "\n\ndef pytest_opt_register_techniques(registry):\n    registry.register(CompareSlowdown)\n")
 
 
 def model_name(name: str) -> str:

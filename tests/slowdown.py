@@ -7,7 +7,7 @@ verdict tests and the verdict study inject one.
 from __future__ import annotations
 
 
-def slowdown_technique(class_name: str, name: str, factor: int) -> str:
+def slowdown_technique(class_name: str, name: str, factor: float) -> str:
     """The source of a ``Technique`` subclass ``class_name`` (catalogue name ``name``) that makes each
     forward pass ``factor + 1`` times as long; the conftest imports ``contextlib``, ``time`` and ``Technique``."""
     return f'''

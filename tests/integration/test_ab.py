@@ -193,7 +193,11 @@ def test_auto_rounds_of_an_open_verdict_stop_at_the_time_cap_and_say_so(run_user
     assert decision["ab"]["max_seconds"] == 2.0 and decision["ab"]["stopped_by_time"] is True, decision
     assert decision["ab"]["settled"] is False and 10 <= decision["rounds"] < 200, decision
     assert row["ab"]["optimized"]["rounds"] == decision["rounds"]
-    assert row["ab"]["verdict"] in ("ok", "regressed", "improved")  # judged on what ran, by the gate's rule
+    # judged on what ran, by the gate's rule: rounds this noisy cannot vouch for 5% (issue 40: never "ok" for what
+    # they could not see), so the gate lists the test as inconclusive with the size it could have detected
+    assert row["ab"]["verdict"] != "ok", row["ab"]
+    if row["ab"]["verdict"] == "inconclusive":
+        run.result.stdout.fnmatch_lines(["AB INCONCLUSIVE test_user.py::test_sleepy: latency * detectable *%"])
     assert any(f"still open after {decision['rounds']} rounds (the time cap: 2 s of timed rounds, for auto)" in note
                for note in row["notes"]), row["notes"]
 

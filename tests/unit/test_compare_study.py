@@ -123,7 +123,7 @@ def test_the_injected_technique_waits_its_share_of_each_forward_and_nothing_at_z
         started = clock.now
         model(torch.zeros(1))
         took = clock.now - started
-    assert hooks == (2 if pct else 0)
+    assert hooks == 2  # at 0% too: null and injected sessions carry the same hooks
     assert not model._forward_hooks and not model._forward_pre_hooks  # removed on the way out
     assert took == pytest.approx(0.003 * (1 + pct / 100), rel=0.01)
 
@@ -153,7 +153,7 @@ def test_collect_keeps_each_report_with_its_status_time_load_and_the_studys_para
                      "--techniques", "sdpa", "--", "--opt-rounds=5")
     assert [c["report"] for c in calls] == ["session-001.json", "session-002.json"]
     assert all(c["threads"] == "1" and c["extra"] == ["--opt-rounds=5"] for c in calls)
-    assert "FACTOR = 0.3\n" in calls[0]["conftest"] and "'sdpa', 'compare_slowdown'" in calls[0]["project"]
+    assert "+ 0.3 * (time.perf_counter()" in calls[0]["conftest"] and "'sdpa', 'compare_slowdown'" in calls[0]["project"]
     assert not calls[0]["root"].exists()  # the project was a temporary folder
     params = json.loads((folder / "study.json").read_text(encoding="utf-8"))
     assert (params["load"], params["inject"], params["models"], params["techniques"], params["pytest_args"]) == \
