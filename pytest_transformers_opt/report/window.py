@@ -38,7 +38,7 @@ from ..verdict.compare import (INFORMATIONAL_METRICS, METRICS, REPORTS, BetweenR
 from ..verdict.judge import (IMPROVED, INCONCLUSIVE, NEW, NOT_COMPARABLE, OK, REGRESSED, is_judged, new_row,
                              not_comparable, worst)
 from ..verdict.stats import MIN_WINDOW_RUNS, robust_spread
-from ..verdict.window_rule import WindowFigure, adjust, window_figure
+from ..verdict.window_rule import MIN_TIMED_SPREAD, WindowFigure, adjust, window_figure
 from .compare import summarise
 from .history import History, HistoryRun, load_history, run_names
 
@@ -429,8 +429,8 @@ def between_run_spread(folder: str, report: dict[str, Any], size: int) -> Betwee
         for metric, found in spreads.items():
             values = [v for row in selection.rows if (v := figure_value(row.row, metric)) is not None]
             center, spread = robust_spread(values) if len(values) >= MIN_WINDOW_RUNS else (0.0, 0.0)
-            if center > 0:
-                found.append(100.0 * spread / center)
+            if center > 0:  # floored as the window rule floors a timed spread: a runner's noise is never 0
+                found.append(max(100.0 * spread / center, 100.0 * MIN_TIMED_SPREAD))
     if default is None or not spreads["latency"]:
         return None
     figure = statistics.median(spreads["latency"])

@@ -399,7 +399,8 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         # identical contexts on both sides: the baseline's tokens, or the candidate's own where none are known
         ab_target = target if target is not None else verification.tokens
         side.verify(session, ab_target)
-        side.compare(verification.tokens, forced if diverged(ab_target, verification.tokens) else verification.logprobs)
+        side.compare(verification.tokens, forced if diverged(ab_target, verification.tokens) else verification.logprobs,
+                     dtype=plan.probe_context.dtype)
 
     if ab is not None:
         verify_reference(ab)

@@ -167,17 +167,19 @@ class ReferenceSide:
         else:
             self.logprobs_at_target = run.logprobs
 
-    def compare(self, candidate_tokens: list[list[int]], candidate_logprobs_at_target: list[Any] | None) -> None:
+    def compare(self, candidate_tokens: list[list[int]], candidate_logprobs_at_target: list[Any] | None,
+                dtype: str | None = None) -> None:
         """KL(reference || candidate) and top-1 agreement at identical contexts (the baseline's tokens), and
-        how far the two environments' free-running greedy tokens agree."""
+        how far the two environments' free-running greedy tokens agree; near-ties by ``dtype``'s gap."""
         if self.verification is None or self.not_comparable is not None:
             return
         if candidate_logprobs_at_target is None or self.logprobs_at_target is None:
-            self.similarity = compare_runs(self.verification.tokens, candidate_tokens, self.workload.max_new_tokens)
+            self.similarity = compare_runs(self.verification.tokens, candidate_tokens, self.workload.max_new_tokens,
+                                           dtype=dtype)
             return
         self.similarity = compare_runs(self.verification.tokens, candidate_tokens, self.workload.max_new_tokens,
                                        self.logprobs_at_target, candidate_logprobs_at_target,
-                                       forced_logprobs=candidate_logprobs_at_target)
+                                       forced_logprobs=candidate_logprobs_at_target, dtype=dtype)
 
     def record(self, side_metrics: Callable[..., Any]) -> dict[str, Any]:
         """The row's ``ab`` record: the reference stack, its optimized side, the cross-environment similarity.

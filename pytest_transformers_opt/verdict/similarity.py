@@ -29,9 +29,8 @@ from typing import Any
 
 # How far one token pair's log-probability gap may move between two healthy kernels at identical contexts, in
 # nats, by dtype. Measured on smollm2-135m, eager vs SDPA attention over 1,152 pairs (benchmarks/verdict_study.py
-# --near-tie-gaps, benchmarks/RESULTS.md, issue 40): largest move 2e-05 in float32, 0.5 in bfloat16 (4 units in
-# the last place of its largest logits), 0.0625 in float16. Each gap is at least the largest move; float32's
-# keeps its earlier 0.01.
+# --near-tie-gaps, benchmarks/RESULTS.md, issue 40): largest move 2e-05 in float32, 0.5 in bfloat16, 0.0625 in
+# float16. Each gap is at least the largest move; float32's keeps its earlier 0.01.
 NEAR_TIE_GAPS = {"float32": 1e-2, "bfloat16": 0.5, "float16": 0.1}
 # The float32 gap, and the gap of a dtype the table does not name.
 NEAR_TIE_LOGPROB_GAP = NEAR_TIE_GAPS["float32"]

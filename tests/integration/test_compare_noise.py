@@ -75,7 +75,7 @@ def test_a_noisy_null_is_inconclusive_and_listed_in_every_verbosity(run_user: An
     assert run.result.ret == pytest.ExitCode.OK  # inconclusive never fails the run ...
     run.result.stdout.fnmatch_lines([  # ... and is said under -q, with the size the two jobs could have seen
         "INCONCLUSIVE *test_sleepy: latency * (+*%, limit 10%), ratio *x, between-run p=* on 6+6 rounds, not "
-        "significant, with the CPU default between runs (20% a figure, 7% a speedup), detectable *%",
+        "significant, with the CPU default between runs (10% a figure, 3% a speedup), detectable *%",
         "compare: 0 regressed, 1 inconclusive, 0 improved, 0 ok*"])
 
 
@@ -106,5 +106,5 @@ def test_an_old_report_without_samples_falls_back_to_the_median_rule_and_says_so
     run.result.stdout.fnmatch_lines([
         "REGRESSED *test_sleepy: latency * (+*%, limit 10%), ratio *x, "
         "median rule: the old report keeps no per-round latency samples, with the CPU default between runs (20% a "
-        "figure, 7% a speedup), detectable 56.5%",
+        "figure, 7% a speedup), detectable 33.3%",
         "median rule (1 test): latency: the old report keeps no per-round latency samples"])
