@@ -105,6 +105,6 @@ def test_an_old_report_without_samples_falls_back_to_the_median_rule_and_says_so
     assert run.result.ret == pytest.ExitCode.TESTS_FAILED
     run.result.stdout.fnmatch_lines([
         "REGRESSED *test_sleepy: latency * (+*%, limit 10%), ratio *x, "
-        "median rule: the old report keeps no per-round latency samples, with the CPU default between runs (20% a "
-        "figure, 7% a speedup), detectable 33.3%",
+        "median rule: the old report keeps no per-round latency samples, with the CPU default between runs (10% a "
+        "figure, 3% a speedup), detectable 33.3%",
         "median rule (1 test): latency: the old report keeps no per-round latency samples"])
