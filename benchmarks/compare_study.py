@@ -50,7 +50,6 @@ import importlib
 import json
 import math
 import os
-import re
 import shlex
 import statistics
 import subprocess
@@ -267,7 +266,9 @@ def load_folder(path: Path) -> Folder:
 
 
 def compare_module() -> ModuleType:
-    """The package's one-report comparison (issue 40 moves it from report/ to verdict/)."""
+    """The package's one-report comparison: ``verdict.compare``, or ``report.compare`` where it lived before issue
+    40, so the rule before can be studied on the same sessions (an archive of an earlier commit first on sys.path,
+    as benchmarks/RESULTS.md's issue 40 section did)."""
     for name in ("pytest_transformers_opt.verdict.compare", "pytest_transformers_opt.report.compare"):
         try:
             return importlib.import_module(name)

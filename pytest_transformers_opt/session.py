@@ -494,10 +494,10 @@ class OptSession:
         """One ``--opt-ab-fail`` threshold's verdict on the rounds so far, by the gate's own rule (``report.ab``),
         and the (reference, candidate) rounds it judged as pairs; None where it did not judge pairs. The rounds
         loop (``verdict.ab_rounds``) asks it after each round: the rule lives with the report's verdicts."""
-        from .verdict.compare import PAIRED_RULE, Sides, judge_threshold, round_samples
+        from .verdict.ab import ab_sides
+        from .verdict.compare import PAIRED_RULE, judge_threshold, round_samples
 
-        sides = Sides(old="reference", new="candidate", record="side", paired=True)
-        verdict, _, record = judge_threshold(threshold, reference, candidate, sides)
+        verdict, _, record = judge_threshold(threshold, reference, candidate, ab_sides(paired=True))
         before, after = round_samples(reference, threshold.metric), round_samples(candidate, threshold.metric)
         if record is None or record.get("rule") != PAIRED_RULE or before is None or after is None:
             return verdict, None

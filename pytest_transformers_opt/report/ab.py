@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..compat import package_version
-from ..verdict.ab import BLOCKS, IDENTICAL_STACKS, ab_figures, stack_note, stack_versions, what_differs
+from ..verdict.ab import IDENTICAL_STACKS, ab_figures, stack_note, stack_versions, what_differs
 from ..verdict.ab import judge_ab
 from ..verdict.compare import (INCONCLUSIVE_TAG, METRICS, REGRESSED_TAG, SAMPLE_RULES, Threshold, limit_text,
                                sample_rule_text)

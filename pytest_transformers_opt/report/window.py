@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
-import math
 import os
 import statistics
 from collections.abc import Mapping, Sequence
@@ -32,7 +31,8 @@ from typing import Any
 
 from ..units import shown
 from ..verdict.ab import differing_versions, version_text
-from ..verdict.compare import (INFORMATIONAL_METRICS, METRICS, REPORTS, BetweenRun, Threshold, default_between_run, change_text, figure_value,
+from ..verdict.compare import (INFORMATIONAL_METRICS, METRICS, REPORTS, BetweenRun, Sides, Threshold,
+                               default_between_run, change_text, figure_value,
                                hardware_differences, judge_threshold, measurement_missing, row_environment,
                                row_hardware, test_differences, verdict_keys)
 from ..verdict.judge import (IMPROVED, INCONCLUSIVE, NEW, NOT_COMPARABLE, OK, REGRESSED, is_judged, new_row,
@@ -274,9 +274,10 @@ def _building(selection: Selection) -> dict[str, Any]:
     return result
 
 
-def _window_parts(selection: Selection, test: dict[str, Any], thresholds: Sequence[Threshold]
-                  ) -> list[WindowFigure | tuple[str, str, dict[str, Any] | None]]:
+def _window_parts(selection: Selection, test: dict[str, Any], thresholds: Sequence[Threshold],
+                  environment: Mapping[str, Any]) -> list[WindowFigure | tuple[str, str, dict[str, Any] | None]]:
     parts: list[WindowFigure | tuple[str, str, dict[str, Any] | None]] = []
+    two_jobs = Sides(between_run=default_between_run(environment))  # a figure too few runs have: as two reports
     for threshold in thresholds:
         values = [(row, v) for row in selection.rows if (v := figure_value(row.row, threshold.metric)) is not None]
         today = figure_value(test, threshold.metric)
@@ -285,7 +286,7 @@ def _window_parts(selection: Selection, test: dict[str, Any], thresholds: Sequen
             parts.append(figure)
         else:  # missing today, too few runs with it, a relative limit from 0: as against the newest run with it
             newest = values[0][0] if values else selection.rows[0]
-            verdict, detail, record = judge_threshold(threshold, newest.row, test)
+            verdict, detail, record = judge_threshold(threshold, newest.row, test, two_jobs)
             parts.append((verdict, f"against {newest.name} alone ({len(values)} of the window's runs have "
                                    f"{threshold.metric}): {detail}", record))
     return parts
@@ -341,7 +342,8 @@ def compare_with_window(folder: str, report: dict[str, Any], thresholds: Sequenc
     for test, key in zip(report.get("tests") or [], keys):
         if key is None:
             continue
-        selection = select_window(history.runs, test, row_environment(report, test), size)
+        environment = row_environment(report, test)
+        selection = select_window(history.runs, test, environment, size)
         stack_changed = stack_changed or selection.stack_note is not None
         if selection.stack_note and selection.rows:
             stack_notes[selection.stack_note] = stack_notes.get(selection.stack_note, 0) + 1
@@ -352,7 +354,7 @@ def compare_with_window(folder: str, report: dict[str, Any], thresholds: Sequenc
             verdicts[key] = _building(selection)
             building.append(len(selection.rows))
         else:
-            pending.append(_Pending(key, selection, test, _window_parts(selection, test, thresholds)))
+            pending.append(_Pending(key, selection, test, _window_parts(selection, test, thresholds, environment)))
     adjust([part for p in pending for part in p.parts if isinstance(part, WindowFigure)])
     for item in pending:
         verdicts[item.key] = _finish(item, thresholds, folder)
@@ -401,7 +403,7 @@ def regressed_entries(settings: Any, environment: Mapping[str, Any] | None, entr
         selection = select_window(history.runs, entry, dict(environment or {}), size)
         if not selection.rows or _too_short(selection):
             continue  # nothing judged yet: nothing to confirm
-        parts = _window_parts(selection, entry, thresholds)
+        parts = _window_parts(selection, entry, thresholds, dict(environment or {}))
         for part in parts:
             if isinstance(part, WindowFigure):
                 adjust([part])  # a family of one

@@ -29,7 +29,7 @@ from .results import FASTER, LARGER, NO_DIFFERENCE, SLOWER, SMALLER
 from .stats import MIN_BOOTSTRAP_SAMPLES, SIGNIFICANCE, mann_whitney_greater, median_ratio_interval
 
 if TYPE_CHECKING:
-    from .compare import Threshold
+    from .compare import Sides, Threshold
 
 # metric -> (key on a side, per-round samples key or None, higher is better), in the order the reports show them
 FIGURES: dict[str, tuple[str, str | None, bool]] = {
@@ -206,7 +206,7 @@ def judge_ab(row: Mapping[str, Any], ab: Mapping[str, Any], thresholds: Sequence
     candidate) but within one job, so with no between-run term: interleaved rounds on their pairs, ``blocks``
     unpaired, or as ``paired`` says (the A/B study judges the same sessions both ways); ``not judged`` when a
     side has no measurement."""
-    from .compare import Sides, compare_test
+    from .compare import compare_test
     from .judge import NOT_JUDGED
 
     missing = [side for side, part in (("candidate", row.get("optimized")), ("reference", ab.get("optimized")))
@@ -217,5 +217,11 @@ def judge_ab(row: Mapping[str, Any], ab: Mapping[str, Any], thresholds: Sequence
     candidate = {"optimized": row["optimized"], "similarity": ab.get("similarity")}
     if paired is None:
         paired = ab.get("mode") != BLOCKS
-    sides = Sides(old="reference", new="candidate", record="side", paired=paired)
-    return compare_test(reference, candidate, list(thresholds), sides)
+    return compare_test(reference, candidate, list(thresholds), ab_sides(paired))
+
+
+def ab_sides(paired: bool) -> "Sides":
+    """The A/B's two sides as the judge names them: one job, so no between-run term; ``paired``: rounds in turns."""
+    from .compare import Sides
+
+    return Sides(old="reference", new="candidate", record="side", paired=paired)

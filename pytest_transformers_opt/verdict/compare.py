@@ -43,7 +43,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import OptConfigError
 from ..units import finite_number, format_bytes, format_duration, format_ratio, shown
 from .budgets import memory_slack_bytes
-from .judge import (IMPROVED, INCONCLUSIVE, JUDGED_VERDICTS, NEW, NOT_COMPARABLE, OK, REGRESSED, beyond_limit,
+from .judge import (IMPROVED, INCONCLUSIVE, NEW, NOT_COMPARABLE, OK, REGRESSED, beyond_limit,
                     decide, decide_exact, detectable_size, is_judged, new_row, not_comparable, worst)
 from .stats import (SIGNIFICANCE, mann_whitney_greater, min_p_value, min_signed_rank_p_value,
                     new_run_degrees_of_freedom, robust_spread, student_t_isf, wilcoxon_signed_rank_greater)

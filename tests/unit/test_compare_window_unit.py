@@ -304,3 +304,21 @@ def test_merge_compares_the_merged_shards_with_the_window_of_a_history_folder(
         assert cli.main(["merge", str(shard), "-o", str(tmp_path / "x.json"), *extra]) == 2
         [line] = capsys.readouterr().err.splitlines()
         assert said in line
+
+
+def test_a_figure_too_few_runs_have_is_judged_as_two_reports_of_the_rows_own_device(tmp_path: Path) -> None:
+    """TTFT kept by only the newest two of ten runs (a report layout that began keeping it): judged against the
+    newest run as against one report, with the between-run default of the device the rows ran on, a GPU's here."""
+    def on_gpu(run: dict[str, Any], ttft: bool) -> dict[str, Any]:
+        run["environment"]["device"] = "cuda:0"
+        if not ttft:
+            run["tests"][0]["optimized"]["ttft_s"] = None
+            run["tests"][0]["optimized"]["ttft_samples_s"] = []
+        return run
+
+    folder = tmp_path / "history"
+    _record(folder, [on_gpu(_run(factor), ttft=i >= 8) for i, factor in enumerate(QUIET)])
+    comparison = compare_with_window(str(folder), on_gpu(_run(1.0), ttft=True), [Threshold("ttft", 10.0, True)], 10)
+    (result,) = comparison.verdicts.values()
+    detail = next(d for d in result["details"] if "alone (2 of the window's runs have ttft)" in d)
+    assert "with the GPU default between runs (4% a figure, 2% a speedup;" in detail
