@@ -56,6 +56,24 @@ def _ab_mode(value: str) -> str:
     raise OptConfigError(f"{value!r} is not an A/B mode; accepted: {', '.join(AB_MODES)}")
 
 
+CENSUS_MODES = ("on", "off")
+TRACE_MODES = ("off", "regressed", "all")
+
+
+def _census(value: str) -> bool:
+    value = value.strip().lower()
+    if value in CENSUS_MODES:
+        return value == "on"
+    raise OptConfigError(f"{value!r} is not a census setting; accepted: {', '.join(CENSUS_MODES)}")
+
+
+def _trace(value: str) -> str:
+    value = value.strip().lower()
+    if value in TRACE_MODES:
+        return value
+    raise OptConfigError(f"{value!r} is not a trace setting; accepted: {', '.join(TRACE_MODES)}")
+
+
 def _names(value: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in value.split(",") if n.strip())
     if not names:
@@ -187,6 +205,12 @@ OPTIONS: tuple[OptionDef, ...] = (
     OptionDef("--opt-ab-fail", "opt_ab_fail", "opt_ab_fail", _text, None,
               "A/B regressions that fail the run, in the grammar of --opt-compare-fail: "
               "latency:5%,peak_memory:5%,kl_mean:0.01", "EXPR[,EXPR]"),
+    OptionDef("--opt-census", "opt_census", "opt_census", _census, True,
+              "count what each configuration's generate call runs (ATen ops, graph breaks, recompiles; on CUDA kernels "
+              "and syncs) in one untimed call after the timed rounds: on (default) or off", "on|off"),
+    OptionDef("--opt-trace", "opt_trace", "opt_trace", _trace, "off",
+              "write a Chrome trace of one generate call next to the JSON report: regressed (the tests the gate "
+              "flags: regressed or inconclusive, a failed budget), all, off (default)", "regressed|all|off"),
     OptionDef("--opt-ab-mode", "opt_ab_mode", "opt_ab_mode", _ab_mode, "auto",
               "how the two environments take turns: interleaved (round by round; both processes hold a model), "
               "blocks (alternating blocks of rounds, the idle side's model moved to the CPU: for a device that "
@@ -261,6 +285,8 @@ class Settings:
     ab: str | None  # the reference interpreter: absolute, or as given when it is a command found on PATH
     ab_fail: str | None
     ab_mode: str  # an AB_MODES entry
+    census: bool  # --opt-census: take each configuration's execution census
+    trace: str  # --opt-trace: a TRACE_MODES entry
     sources: dict[str, str]  # option key -> where its value came from: the flag, the variable, "ini KEY", "default"
     ini_budgets: dict[str, str]  # budget name -> the ini value, checked
     baseline: tuple[str, ...]  # ini opt_baseline, else eager

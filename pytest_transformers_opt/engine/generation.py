@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 from ..compat import continuous_batching_manager
 from . import quiet_logs  # noqa: F401  (its log filters hold wherever a run happens: A/B and TP workers too)
+from .census import StepMark, marked_call
 from .measure import RoundTiming, call_with_stack_headroom, now
 from .progress import long_work
 from .repeated_messages import said_once
@@ -124,14 +125,18 @@ def _around_generate(opt: "OptModel") -> Iterator[None]:
 
 def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, batch_size: int | None = None,
                    keep_logits: bool = False, observe: bool = False, extra: dict[str, Any] | None = None,
-                   force_tokens: list[list[int]] | None = None) -> GenerationRun:
+                   force_tokens: list[list[int]] | None = None, census_marks: bool = False) -> GenerationRun:
     """Run the prompts once through ``opt`` and return tokens, texts, timing and evidence.
 
     ``observe``: let every technique record what its proof needs (``Technique.observe``) into the run's
     evidence; for the verification run, never a timed one (the observers cost time).
 
     ``force_tokens`` (one token list per prompt): decode these tokens instead of the greedy ones
-    (:class:`ForceTokens`), with the configuration's own generate arguments; implies ``keep_logits``."""
+    (:class:`ForceTokens`), with the configuration's own generate arguments; implies ``keep_logits``.
+
+    ``census_marks``: the run is a census's (``engine.census``, under its profiler): each generate call is marked,
+    and each decode step by a processor in the first-token clock's place (the clock's device synchronisation would
+    count as the configuration's)."""
     if force_tokens is not None:
         if opt.generation.continuous_batching is not None:
             raise ValueError("forced decoding needs generate(); continuous batching returns tokens only")
@@ -139,7 +144,7 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
             raise ValueError(f"{len(prompts)} prompts but {len(force_tokens)} forced token lists")
         keep_logits = True
     if opt.generation.continuous_batching is not None:
-        return _run_continuous_batching(opt, prompts, max_new_tokens)
+        return _run_continuous_batching(opt, prompts, max_new_tokens, census_marks=census_marks)
     import torch
 
     device, tokenizer, model = opt.device, opt.tokenizer, opt.model
@@ -164,7 +169,7 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
         kwargs.update(opt.generation.kwargs)
         kwargs.update(extra or {})
         # the timer first, then any processors a technique or the caller added
-        kwargs["logits_processor"] = [timer, *kwargs.get("logits_processor", [])]
+        kwargs["logits_processor"] = [StepMark() if census_marks else timer, *kwargs.get("logits_processor", [])]
         if force_tokens is not None:
             kwargs["logits_processor"].append(ForceTokens(force_tokens[first : first + len(batch)],
                                                           encoded["input_ids"].shape[1]))
@@ -173,7 +178,7 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
                     if first_call_work and not tokens else contextlib.nullcontext())
         # said_once: a message repeated on every step (bitsandbytes' 8-bit cast) is shown once per session
         with announce, said_once(), torch.inference_mode(), _observers(opt, evidence if observe else None):
-            output, start, end = call_with_stack_headroom(_timed, opt, "generate", {**encoded, **kwargs})
+            output, start, end = call_with_stack_headroom(_timed, opt, "generate", {**encoded, **kwargs}, census_marks)
         latencies.append(end - start)
         if timer.first_token_at is not None:
             ttfts.append(timer.first_token_at - start)
@@ -194,12 +199,12 @@ def run_generation(opt: "OptModel", prompts: list[str], max_new_tokens: int, *, 
 
 
 def _timed(opt: "OptModel", method: Literal["generate", "generate_batch"],
-           kwargs: dict[str, Any]) -> tuple[Any, float, float]:
+           kwargs: dict[str, Any], census_marks: bool = False) -> tuple[Any, float, float]:
     """``opt.model.<method>(**kwargs)`` inside ``_around_generate``, between two clock reads; called through
     ``call_with_stack_headroom``. The method is looked up once the contexts are entered: what a technique's
     context installs (a wrapper of ``generate``, a tracer) is what runs, as it would in its user's code."""
     start = now(opt.device)
-    with _around_generate(opt):
+    with _around_generate(opt), (marked_call() if census_marks else contextlib.nullcontext()):
         output = getattr(opt.model, method)(**kwargs)
     return output, start, now(opt.device)
 
@@ -219,7 +224,8 @@ def _paged_cache_bytes(model: Any) -> int | None:
     return int(tensor.nbytes) if tensor is not None else None
 
 
-def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens: int) -> GenerationRun:
+def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens: int, *,
+                             census_marks: bool = False) -> GenerationRun:
     """``generate_batch()``: all prompts scheduled together; per-request timestamps give TTFT."""
     from transformers import GenerationConfig
 
@@ -242,7 +248,7 @@ def _run_continuous_batching(opt: "OptModel", prompts: list[str], max_new_tokens
         # persistent: the manager outlives the call, so its cache's bytes can be read (then freed below)
         outputs, start, end = call_with_stack_headroom(_timed, opt, "generate_batch", dict(
             inputs=inputs, generation_config=config, continuous_batching_config=cb_config, record_timestamps=True,
-            progress_bar=False, persistent_manager=True))
+            progress_bar=False, persistent_manager=True), census_marks)
         cache_bytes = _paged_cache_bytes(model)
     finally:
         manager = continuous_batching_manager(model)

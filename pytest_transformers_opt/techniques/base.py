@@ -173,6 +173,12 @@ class Technique:
         """A reason the generation did not use the technique (a silent fallback); None when it did."""
         return None
 
+    def verify_census(self, census: dict[str, Any]) -> str | None:
+        """A reason the execution census (``engine.census``: the ops, graphs and, on CUDA, kernels of one untimed
+        generate call) shows the technique did not run, a silent fallback caught by counts; None when it did or
+        the census cannot tell."""
+        return None
+
     def conflicts_with(self, other: "Technique") -> str | None:
         """Why the two cannot be stacked (beyond sharing an exclusive group)."""
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
+from ..engine.census import CompileRecord, recording_graph_breaks
 from ..compat import compile_on_all_devices, compiled_forward, set_compiled_forward
 from .base import DOCS, GenerationSettings, ProbeContext, RunEvidence, Technique
 from .caches import CacheTechnique
@@ -14,12 +15,18 @@ class CountedForward:
     """transformers' compiled forward, wrapped to count its calls (the proof that it ran); made for one
     configuration's ``CompileConfig`` (``owner``), so another configuration on the same model compiles its own."""
 
+    RECORDED_CALLS = 4  # dynamo compiles (and breaks) in the first calls; later ones pay nothing for the record
+
     def __init__(self, forward: Callable[..., Any], owner: Any) -> None:
         self.forward, self.owner, self.calls = forward, owner, 0
+        self.compile_record = CompileRecord()  # the census's graph-break reasons, from when it compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
-        return self.forward(*args, **kwargs)
+        if self.calls > self.RECORDED_CALLS:
+            return self.forward(*args, **kwargs)
+        with recording_graph_breaks(self.compile_record):
+            return self.forward(*args, **kwargs)
 
 
 class Compile(Technique):

@@ -21,6 +21,7 @@ import pytest
 from .baselines import (BaselineStore, StoredBaseline, baseline_key, hardware_fingerprint, measurements_usable,
                         similarity_against_stored)
 from .budgets import BORDERLINE, SPEED_BUDGETS, check_budgets, format_checks
+from .census_sides import TENSOR_PARALLEL, census_sides, census_trace_path
 from .decode_efficiency import decode_estimates
 from ..compat import compiled_graph_count
 from ..errors import OptConfigError, OptProofError
@@ -334,6 +335,8 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         result = _run_tensor_parallel_bench(session, plan, get_base() if base is None else base, opt, workload, once)
         if session.settings.ab:
             result.notes.append(AB_NOT_FOR_TENSOR_PARALLEL)
+        result.census = {"optimized": None, "baseline": None,
+                         "why_not": {"optimized": TENSOR_PARALLEL, "baseline": TENSOR_PARALLEL}}
         return Measurement(result)
     base_timings, opt_timings = Timings(), Timings()  # the reference's requests are timed out from opt_timings
     ab: ReferenceSide | None = None  # interleaved: the reference's side takes a turn in every round
@@ -422,6 +425,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
                                   reference.logprobs, verification.logprobs, forced, dtype=plan.probe_context.dtype)
 
     recompiles: list[int] = []
+    census: dict[str, Any] = {}  # the row's census, once taken (after the first timed rounds)
 
     def warm_candidate() -> None:
         """The candidate's sides back on the device after a reference block: one round each, not timed."""
@@ -552,6 +556,7 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
             model=report_model_identity(plan.marked.model, plan.probe_context.dtype),
             notes=list(notes) + [n for n in [load_transient_note(optimized), oversubscribed_note(ab_record)] if n],
             estimates=_decode_estimates(session, opt, workload, optimized) if intervals else {},
+            census=census.get("sides"), trace_file=census.get("trace"),
         )
         # a stored baseline's rounds were not taken in turns
         return result.with_intervals(paired=base is not None) if intervals else result
@@ -568,6 +573,16 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
     else:
         result = timed_rounds()
         measurement = Measurement(result, remeasure=timed_rounds)
+    # the census: one untimed call a side, at steady state (after the timed rounds, never inside one)
+    census["sides"], census["trace"] = census_sides(
+        session, plan, opt, base, once, sum(recompiles) if opt.generation.compile else None, work,
+        trace_path=census_trace_path(session, plan))
+    result.census, result.trace_file = census["sides"], census["trace"]
+    counted = census["sides"].get("optimized")
+    for technique in opt.techniques if counted is not None else ():
+        problem = technique.verify_census(counted)
+        if problem:
+            raise OptProofError(f"silent fallback (the census): {problem}")
     # reference is set exactly when the baseline model ran; stored_ctx is never None when updating
     if session.settings.update_baselines and stored_ctx is not None and reference is not None:
         _save_baseline(session, plan, stored_ctx, reference, result)

@@ -43,6 +43,8 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import OptConfigError
 from ..units import finite_number, format_bytes, format_duration, format_ratio, shown
 from .budgets import memory_slack_bytes
+from .census_diff import (CENSUS_MAPS, census_amount, census_cause, census_changes, census_value, map_changes, shortened,
+                          side_census)
 from .judge import (IMPROVED, INCONCLUSIVE, NEW, NOT_COMPARABLE, OK, REGRESSED, beyond_limit,
                     decide, decide_exact, detectable_size, is_judged, new_row, not_comparable, worst)
 from .stats import (SIGNIFICANCE, mann_whitney_greater, min_p_value, min_signed_rank_p_value,
@@ -62,6 +64,7 @@ class _Metric:
     # each side taken in turn); a machine that is slower for a whole session slows both alike, so these
     # samples do not move with it
     ratio_of: tuple[str, str] | None = None
+    census: bool = False  # a count of the execution census (verdict.census_diff): compared exactly
 
 
 def _fmt_throughput(value: float) -> str:
@@ -74,6 +77,10 @@ def _fmt_kl(value: float) -> str:
 
 def _fmt_fraction(value: float) -> str:
     return f"{value:.3f}"
+
+
+def _fmt_count(value: float) -> str:
+    return f"{value:g}"
 
 
 METRICS: dict[str, _Metric] = {
@@ -89,6 +96,11 @@ METRICS: dict[str, _Metric] = {
     "top1": _Metric(("similarity", "top1"), True, _fmt_fraction),
     "token_match": _Metric(("similarity", "token_match"), True, _fmt_fraction),
     "memory_ratio": _Metric(("memory_ratio",), False, format_ratio),
+    "ops": _Metric(("census", "optimized", "ops_total"), False, _fmt_count, census=True),
+    "graph_breaks": _Metric(("census", "optimized", "graph_breaks"), False, _fmt_count, census=True),
+    "recompiles": _Metric(("census", "optimized", "recompiles"), False, _fmt_count, census=True),
+    "kernels": _Metric(("census", "optimized", "kernels_total"), False, _fmt_count, census=True),
+    "syncs": _Metric(("census", "optimized", "syncs"), False, _fmt_count, census=True),
 }
 """Every metric a threshold may name (lower is better unless ``higher_is_better``)."""
 
@@ -100,7 +112,8 @@ VERDICTS: tuple[str, ...] = (REGRESSED, INCONCLUSIVE, IMPROVED, OK, NEW, NOT_COM
 
 COMPARE_FAIL_FORMS = (
     "comma-separated METRIC:NUMBER% (relative worsening, e.g. latency:10%) or METRIC:NUMBER "
-    "(absolute worsening in the report's units, e.g. kl_mean:0.01), with METRIC one of "
+    "(absolute worsening in the report's units, e.g. kl_mean:0.01; a census count: ops:0 fails on any change), "
+    "with METRIC one of "
     + ", ".join(METRICS)
 )
 
@@ -594,6 +607,8 @@ def judge_threshold(threshold: Threshold, old_entry: dict[str, Any], new_entry: 
     The record (timed metrics only) is what the report's ``judged`` list keeps: both medians, the ratio,
     the rule, its p-value, the detectable size and the verdict."""
     metric, fmt = threshold.metric, METRICS[threshold.metric].fmt
+    if METRICS[metric].census:
+        return judge_census_threshold(threshold, old_entry, new_entry, sides)
     old, new = figure_value(old_entry, metric), figure_value(new_entry, metric)
     if old is not None and new is None:
         return REGRESSED, f"{metric} {fmt(old)} -> not measured: missing in the {sides.new} run{REGRESSED_TAG}", None
@@ -681,7 +696,49 @@ def compare_test(old: dict[str, Any], new: dict[str, Any], thresholds: list[Thre
     result: dict[str, Any] = {"verdict": worst(verdicts), "details": details}
     if judged:
         result["judged"] = judged
+    if any(METRICS[t.metric].timed and v in (REGRESSED, INCONCLUSIVE) for t, v in zip(thresholds, verdicts)):
+        result["cause"] = census_cause(old, new, old_label=sides.old, new_label=sides.new)
     return result
+
+
+def judge_census_threshold(threshold: Threshold, old_entry: dict[str, Any], new_entry: dict[str, Any],
+                           sides: Sides = REPORTS, side: str = "optimized"
+                           ) -> tuple[str, str, dict[str, Any] | None]:
+    """(verdict, detail, judged record) of a census threshold (``ops:0``, ``graph_breaks:0`` ...): exact, by
+    ``verdict.judge.decide_exact``; a side without the count is ``inconclusive`` (nothing to compare, never ok)."""
+    metric = threshold.metric
+    values: dict[str, Any] = {}
+    for label, entry in ((sides.old, old_entry), (sides.new, new_entry)):
+        census, why = side_census(entry, side)
+        value, why = census_value(census, metric) if census is not None else (None, why)
+        if value is None:
+            return INCONCLUSIVE, (f"{metric} not counted in the {label} {sides.record if label == sides.new else 'run'}: "
+                                  f"{why}; nothing to compare{INCONCLUSIVE_TAG}"), None
+        values[label] = value
+    before, after = values[sides.old], values[sides.new]
+    amount = census_amount(metric, before, after, threshold.relative)
+    verdict = decide_exact(amount, threshold.limit)
+    old_census, _ = side_census(old_entry, side)
+    new_census, _ = side_census(new_entry, side)
+    assert old_census is not None and new_census is not None
+    if metric in CENSUS_MAPS:
+        total_key = CENSUS_MAPS[metric][2]
+        old_total, new_total = old_census.get(total_key), new_census.get(total_key)
+        changes = map_changes(old_census, new_census, metric)
+        moved = f"{amount:.3g}% of the {sides.old} count" if threshold.relative else f"{amount:g} changed"
+        detail = (f"{metric} {old_total} -> {new_total} per call ({moved}, limit {threshold.describe()})"
+                  + (f": {shortened(changes)}" if changes else ""))
+        old_figure, new_figure = old_total, new_total
+    else:
+        changes = [text for text in census_changes(old_census, new_census) if text.startswith(metric.replace("_", " "))]
+        detail = (f"{changes[0]}" if changes else f"{metric.replace('_', ' ')} {before:g} -> {after:g}") + \
+            f" (limit {threshold.describe()})"
+        old_figure, new_figure = before, after
+    tag = {REGRESSED: REGRESSED_TAG, IMPROVED: IMPROVED_TAG}.get(verdict, OK_TAG)
+    record = {"metric": metric, "threshold": threshold.describe(), "old": old_figure, "new": new_figure,
+              "ratio": None, "rule": "exact", "p_value": None, "rounds": None, "note": None, "verdict": verdict,
+              "detectable": threshold.limit, "changes": changes}
+    return verdict, detail + tag, record
 
 
 def row_environment(report: Mapping[str, Any], test: dict[str, Any]) -> dict[str, Any]:

@@ -167,6 +167,9 @@ class OptResult:
     memory_ratio_interval_note: str | None = None
     # --opt-ab: the optimized configuration in the reference environment (reference_side.ReferenceSide.record)
     ab: dict[str, Any] | None = None
+    # the execution census of both sides (verdict.census_sides): {"optimized", "baseline", "why_not"}
+    census: dict[str, Any] | None = None
+    trace_file: str | None = None  # --opt-trace: the census call's Chrome trace, where the session keeps it
 
     @property
     def speedup(self) -> float | None:
@@ -243,6 +246,8 @@ class OptResult:
             "rounds_decision": self.rounds_decision,
             "estimates": {k: v for k, v in self.estimates.items() if math.isfinite(v)},
         }
+        if self.census is not None:
+            data["census"] = self.census
         if self.ab is not None:  # only with --opt-ab: a row without it keeps its earlier layout
             data["ab"] = self.ab
         return data
