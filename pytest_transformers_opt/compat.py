@@ -8,6 +8,7 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import os
+from collections import Counter
 from typing import Any, Callable, Iterator
 
 
@@ -325,6 +326,16 @@ def compiled_graph_count() -> int:
         return int(counters["stats"]["unique_graphs"])
     except Exception:
         return 0
+
+
+def graph_break_counts() -> Counter[str]:
+    """dynamo's process-wide graph-break reasons so far, reason -> times (empty when its counters are not readable)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return Counter({str(k): int(v) for k, v in counters["graph_break"].items()})
+    except Exception:
+        return Counter()
 
 
 def reset_compiled_graphs() -> None:

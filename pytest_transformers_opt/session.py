@@ -92,8 +92,15 @@ class OptSession:
         # --opt-ab: (why, its stack) once a worker stopped answering and was killed: no other is started
         self.reference_gone: tuple[str, dict[str, Any]] | None = None
         self._ab_candidate: dict[str, Any] | None = None
+        self.trace_folder: str | None = None  # --opt-trace: the census traces kept until the report is written
 
     # -- lazily built pieces ------------------------------------------------------------------------
+    def census_trace_file(self, nodeid: str) -> str | None:
+        """--opt-trace: a new file for ``nodeid``'s census trace in this session's trace folder (``report.traces``)."""
+        from .report.traces import trace_file_for
+
+        return trace_file_for(self, nodeid)
+
     @property
     def hardware(self) -> HardwareInfo:
         if self._hardware is None:

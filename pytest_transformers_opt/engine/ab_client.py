@@ -4,7 +4,8 @@
 ``python -u -m pytest_transformers_opt.engine.ab_worker`` (see that module for the protocol) with
 ``PYTHONPATH`` set to a folder holding only a link to this checkout's package, so the reference runs
 this measurement code on its own torch and transformers, and waits for the worker's ready line (its
-versions). ``load`` then ``generate`` run one configuration there; ``close`` ends it.
+versions). ``load`` then ``generate`` run one configuration there, ``census`` counts what one untimed call of it
+runs; ``close`` ends it.
 
 A reference that cannot serve is told apart from one that broke: ``ReferenceUnavailable`` (the
 interpreter is missing, or cannot import torch: a skip for the caller), ``ReferenceWorkerDied`` (the
@@ -275,12 +276,14 @@ class ReferenceWorker:
 
     def generate(self, key: str, prompts: list[str], max_new_tokens: int, batch_size: int | None,
                  keep_logits: bool = False, force_tokens: list[list[int]] | None = None, observe: bool = False,
-                 memory: bool = False, timeout_s: float | None = None) -> ReferenceRun:
+                 memory: bool = False, timed: bool = False, timeout_s: float | None = None) -> ReferenceRun:
         """One round of the configuration loaded under ``key``, as ``run_generation`` runs one here;
-        ``memory``: its generation peak too (``track_peak_memory``); ``observe``: verify_run's problems."""
+        ``memory``: its generation peak too (``track_peak_memory``); ``observe``: verify_run's problems; ``timed``:
+        a timed round (the graphs it compiles are the census's recompiles)."""
         response = self._call({"op": "generate", "key": key, "prompts": list(prompts), "max_new_tokens": max_new_tokens,
                                "batch_size": batch_size, "keep_logits": keep_logits, "force_tokens": force_tokens,
-                               "observe": observe, "memory": memory}, f"a round of {self._name(key)}", timeout_s)
+                               "observe": observe, "memory": memory, "timed": timed}, f"a round of {self._name(key)}",
+                              timeout_s)
         logprobs = None
         if response.get("logprobs_file"):
             logprobs = _read_logprobs(str(response["logprobs_file"]))
@@ -289,6 +292,17 @@ class ReferenceWorker:
         return ReferenceRun(timing=timing, tokens=response["tokens"], texts=response["texts"], logprobs=logprobs,
                             generation_peak_bytes=response.get("generation_peak_bytes"),
                             memory_method=response.get("memory_method"), problems=response.get("problems"))
+
+    def census(self, key: str, prompts: list[str], max_new_tokens: int, batch_size: int | None,
+               timeout_s: float | None = None) -> tuple[dict[str, Any] | None, str | None]:
+        """(the execution census of one untimed call of the configuration under ``key``, or None; why not), taken
+        there as ``verdict.census_sides.census_of`` takes the candidate's."""
+        response = self._call({"op": "census", "key": key, "prompts": list(prompts), "max_new_tokens": max_new_tokens,
+                               "batch_size": batch_size}, f"the census of {self._name(key)}", timeout_s)
+        census, why_not = response.get("census"), response.get("why_not")
+        if not isinstance(census, dict):
+            return None, str(why_not or "the reference's worker sent no census")
+        return census, None
 
     def park(self, key: str, to: str, timeout_s: float | None = None) -> float:
         """Move the configuration under ``key`` to the host (``"host"``) or back to its device (``"device"``);

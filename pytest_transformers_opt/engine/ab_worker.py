@@ -10,7 +10,10 @@ read by :func:`measure.track_peak_memory`.
 The protocol is JSON lines: requests on stdin, responses on a private copy of the original stdout (fd 1
 then points at stderr, so whatever a library prints never lands in a response). On start the worker says
 ``{"ok": true, "event": "ready", ...}`` unprompted (or ``{"ok": false, "error": ...}`` and exits 3 when the
-stack cannot be imported); then it answers ``load``, ``generate`` and ``close`` one at a time. A request
+stack cannot be imported); then it answers ``load``, ``generate``, ``park``, ``census`` and ``close`` one at a time.
+``census`` takes the execution census of a loaded configuration in one untimed generate call
+(``engine.census.census_of``, as the candidate takes its own); a census that cannot be taken is answered
+``census: null`` with ``why_not``, never as a failed request. A request
 that fails is answered ``{"ok": false, "error": "Type: message", "traceback": ...}`` and the worker goes
 on. End of stdin (the client is gone) ends it; on Linux it also dies with the process that started it
 (``PR_SET_PDEATHSIG``). Log-probabilities travel as safetensors files in a folder the worker owns and
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
     from .hardware import HardwareInfo
     from .loading import ModelCache, ModelRequest
     from .model import LoadedModel, OptModel
+    from ..session import OptSession
     from ..techniques import ProbeContext, Technique, TechniqueRegistry
 
 _PARENT_AT_START = os.getppid()  # read before anything else: compared after PR_SET_PDEATHSIG is set
@@ -170,6 +174,7 @@ class _Configuration:
     context: ProbeContext
     load_key: tuple[Any, ...]
     opt: OptModel | None = None
+    recompiles: int = 0  # graphs dynamo compiled during its timed rounds (``generate`` with ``timed``)
 
 
 class Worker:
@@ -211,7 +216,9 @@ class Worker:
             return self.generate(request)
         if op == "park":
             return self.park(request)
-        raise ValueError(f"unknown op {op!r}; known: load, generate, park, close")
+        if op == "census":
+            return self.census(request)
+        raise ValueError(f"unknown op {op!r}; known: load, generate, park, census, close")
 
     def load(self, request: dict[str, Any]) -> dict[str, Any]:
         from ..errors import OptConfigError
@@ -255,6 +262,7 @@ class Worker:
         return response
 
     def generate(self, request: dict[str, Any]) -> dict[str, Any]:
+        from ..compat import compiled_graph_count
         from .generation import run_generation
         from .measure import track_peak_memory
 
@@ -266,10 +274,13 @@ class Worker:
         force = request.get("force_tokens")
         memory = bool(request.get("memory"))
         observe = bool(request.get("observe"))
+        graphs_before = compiled_graph_count()
         with track_peak_memory(opt.device) if memory else contextlib.nullcontext() as reading:
             run = run_generation(opt, [str(p) for p in request["prompts"]], int(request["max_new_tokens"]),
                                  batch_size=request.get("batch_size"), keep_logits=bool(request.get("keep_logits")),
                                  observe=observe, force_tokens=force)
+        if request.get("timed"):  # as the candidate counts its recompiles: graphs compiled in its timed rounds
+            configuration.recompiles += compiled_graph_count() - graphs_before
         problems = None
         if observe:
             problems = [p for p in (t.verify_run(opt.model, run.evidence) for t in opt.techniques) if p]
@@ -290,6 +301,26 @@ class Worker:
         model = self._opt_model(configuration).model
         seconds = park(model, "cpu" if request.get("to") == "host" else configuration.device)
         return {"ok": True, "seconds": seconds}
+
+    def census(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The configuration's execution census, taken as the candidate takes its own (``census_of``: one untimed
+        generate call of the workload under the profiler): ``census`` (None where it could not be taken) and
+        ``why_not``."""
+        from .census import census_of
+        from .generation import run_generation
+
+        key = str(request["key"])
+        configuration = self._configurations.get(key)
+        if configuration is None:
+            raise ValueError(f"no configuration loaded under the key {key!r} (load it first; a skipped load has none)")
+        opt = self._opt_model(configuration)
+        prompts, max_new_tokens = [str(p) for p in request["prompts"]], int(request["max_new_tokens"])
+        census, why_not, _trace = census_of(
+            opt, lambda **kwargs: run_generation(opt, prompts, max_new_tokens, batch_size=request.get("batch_size"),
+                                                 **kwargs),
+            cuda=self.hardware(configuration.device).is_cuda,
+            recompiles=configuration.recompiles if opt.generation.compile else None)
+        return {"ok": True, "census": census, "why_not": why_not}
 
     # -- pieces ---------------------------------------------------------------------------------------
     def registry(self, conftests: list[str]) -> tuple[TechniqueRegistry, str | None]:

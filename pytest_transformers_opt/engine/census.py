@@ -33,7 +33,13 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+
+from ..compat import compiled_forward, compiled_graph_count
+from ..techniques.compilation import CompileRecord, recording_graph_breaks
+
+if TYPE_CHECKING:
+    from .model import OptModel
 
 STEP_MARK = "pytest_opt::step"
 """The record a census call's logits processor leaves at each decode step."""
@@ -63,39 +69,9 @@ class CensusEvent:
     end: float | None = None  # a CALL_MARK's end
 
 
-@dataclass
-class CompileRecord:
-    """What dynamo said while a compiled forward compiled: graph-break reasons (reason -> times) from its
-    counters' deltas around the forward's calls; kept with the forward, so a later test reusing it still knows."""
-
-    graph_break_reasons: Counter[str] = field(default_factory=Counter)
-
-
 def _first_line(reason: str) -> str:
     """A dynamo graph-break reason's first line (its text goes on with an explanation, hints and a link)."""
     return reason.strip().splitlines()[0].strip() if reason.strip() else reason
-
-
-def graph_break_counts() -> Counter[str]:
-    """dynamo's process-wide graph-break reasons so far (empty when its counters are not readable)."""
-    try:
-        from torch._dynamo.utils import counters
-
-        return Counter({str(k): int(v) for k, v in counters["graph_break"].items()})
-    except Exception:
-        return Counter()
-
-
-@contextlib.contextmanager
-def recording_graph_breaks(record: CompileRecord) -> Iterator[None]:
-    """Add to ``record`` the graph breaks dynamo counts while the block runs (a compiled forward's call)."""
-    before = graph_break_counts()
-    try:
-        yield
-    finally:
-        grown = graph_break_counts() - before
-        if grown:
-            record.graph_break_reasons.update(grown)
 
 
 def _per_step(counts: Counter[str], steps: int) -> dict[str, float]:
@@ -296,3 +272,32 @@ class CensusTaking:
         return census_from_events(events_from_profiler(self.profile), cuda=self.cuda, compiled=compiled,
                                   recompiles=recompiles, graph_break_reasons=graph_break_reasons,
                                   steps_known=steps_known)
+
+
+def _graph_break_reasons(opt: "OptModel", during_call: CompileRecord) -> list[str]:
+    """Why the compiled forward broke: what dynamo said while it compiled (kept with the forward), else while the
+    census call ran."""
+    forward = compiled_forward(opt.model)
+    record = getattr(forward, "compile_record", None)
+    reasons: Iterable[str] = record.graph_break_reasons if isinstance(record, CompileRecord) else ()
+    return sorted(set(reasons) | set(during_call.graph_break_reasons))
+
+
+def census_of(side: "OptModel", run: Callable[..., Any], *, cuda: bool, recompiles: int | None,
+              trace_path: str | None = None) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """(the census of one side's generate call, why none, the trace written): ``run(census_marks=True)`` runs the
+    workload once. A census that fails says why (the test goes on: the census is evidence, not the test)."""
+    compiled = bool(side.generation.compile)
+    taking = CensusTaking(cuda=cuda, trace_path=trace_path)
+    during = CompileRecord()
+    graphs_before = compiled_graph_count()
+    try:
+        with recording_graph_breaks(during), taking.profiling():
+            run(census_marks=True)
+    except Exception as exc:  # noqa: BLE001 - any failure of the profiler or the call is said, never raised
+        return None, f"the census call raised {type(exc).__name__}: {exc}", None
+    grown = compiled_graph_count() - graphs_before
+    census = taking.census(compiled=compiled, recompiles=(recompiles or 0) + grown if compiled else None,
+                           graph_break_reasons=_graph_break_reasons(side, during),
+                           steps_known=side.generation.continuous_batching is None)
+    return census, None, taking.trace_written

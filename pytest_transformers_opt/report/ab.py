@@ -3,8 +3,10 @@
 
 A row's ``ab`` record arrives with what the reference environment measured (``mode``, ``reference``: its
 interpreter and package versions, ``optimized``: its side's figures, ``similarity``: the candidate's
-distributions against the reference's). ``complete_ab`` adds each figure's change (``verdict.ab``), the note
-``identical stacks`` where the two environments report the same versions, and, with thresholds, the verdict.
+distributions against the reference's, ``census``: the reference's execution census). ``complete_ab`` adds each
+figure's change (``verdict.ab``), the note ``identical stacks`` where the two environments report the same versions,
+``census_changes`` (what the candidate runs differently, whatever the timing says) and, with thresholds, the verdict
+(a timed one regressed or inconclusive with the census's ``cause``).
 
 The verdict is ``--opt-compare-fail``'s, by the same code: the reference plays the earlier run, the candidate
 this one, and a reference is, to itself, perfectly similar. So a timed threshold regresses only when the
@@ -23,9 +25,11 @@ from typing import Any
 
 from ..compat import package_version
 from ..verdict.ab import IDENTICAL_STACKS, ab_figures, stack_note, stack_versions, what_differs
-from ..verdict.ab import judge_ab
+from ..verdict.ab import ab_census_changes, judge_ab
+from ..verdict.census_diff import shortened
 from ..verdict.compare import (INCONCLUSIVE_TAG, METRICS, REGRESSED_TAG, SAMPLE_RULES, Threshold, limit_text,
                                sample_rule_text)
+from .compare import cause_text
 from ..verdict.judge import IMPROVED, INCONCLUSIVE, NOT_COMPARABLE, NOT_JUDGED, OK, REGRESSED, not_comparable
 
 AB_VERDICTS: tuple[str, ...] = (REGRESSED, INCONCLUSIVE, IMPROVED, OK, NOT_COMPARABLE, NOT_JUDGED)
@@ -66,7 +70,9 @@ def complete_ab(report: dict[str, Any], thresholds: Sequence[Threshold] = (),
         ab = row["ab"]
         ab["figures"] = ab_figures(row, ab)
         ab["note"] = stack_note(candidate_versions, stack_versions(ab.get("reference")))
-        for key in ("verdict", "details", "judged"):
+        if "census" in ab:  # an earlier report's record has none: left as it was
+            ab["census_changes"] = ab_census_changes(row, ab)[0]
+        for key in ("verdict", "details", "judged", "cause"):
             ab.pop(key, None)
         if ab.get("not_comparable"):  # the reference could not run it, or stopped answering: with or without a gate
             ab.update(not_comparable([str(ab["not_comparable"])]))
@@ -99,6 +105,23 @@ def inconclusive_texts(ab: Mapping[str, Any]) -> list[str]:
 def inconclusive_metrics(ab: Mapping[str, Any]) -> list[str]:
     """The metrics of ``inconclusive_texts``."""
     return [text.split(" ", 1)[0] for text in inconclusive_texts(ab)]
+
+
+def census_text(row: Mapping[str, Any]) -> str | None:
+    """What the census says under a row's A/B line: the cause of its timed verdict where it has one (``cause: the
+    census changed: ...``, or that it did not), else ``census: aten::mm +2 per step (48 -> 50); ...`` (the candidate
+    against the reference), ``census: unchanged``, or why the two were not compared; None for a record from before
+    the census."""
+    ab = row.get("ab")
+    if not isinstance(ab, Mapping) or "census" not in ab:
+        return None
+    cause = cause_text(ab)
+    if cause:
+        return f"cause: {cause}"
+    changes = ab.get("census_changes")
+    if isinstance(changes, list):
+        return f"census: {shortened([str(line) for line in changes])}" if changes else "census: unchanged"
+    return f"census: not compared ({ab_census_changes(row, ab)[1]})"
 
 
 # --------------------------------------------------------------------------- the gate (session end)
@@ -165,20 +188,27 @@ def gate_lines(report: Mapping[str, Any], thresholds: Sequence[Threshold], label
                ) -> tuple[list[str], str | None]:
     """The session end's lines for ``--opt-ab-fail`` (``label``: the option as set, ``--opt-ab-fail=latency:5%``):
     one ``AB REGRESSED`` line per regressed test, one ``AB INCONCLUSIVE`` line per test the rounds could not
-    judge (with the size they could have detected), one ``AB not comparable`` line per test the reference could
-    not run or stopped answering in, the count line; and why the run fails (None: it passes). Without
-    ``thresholds`` (``--opt-ab`` alone), only the ``AB not comparable`` lines, and nothing fails."""
+    judge (with the size they could have detected), each with the census's cause of a timed verdict, one ``AB not
+    comparable`` line per test the reference could not run or stopped answering in, one ``AB census changed`` line
+    per other test whose census differs from the reference's (whatever its timing says), the count line; and why
+    the run fails (None: it passes). Without ``thresholds`` (``--opt-ab`` alone), only the ``AB not comparable`` and
+    ``AB census changed`` lines, and nothing fails."""
     rows = ab_rows(report)
     lines: list[str] = []
     for row in rows:
         ab = row["ab"]
+        cause = cause_text(ab)
+        because = f"; cause: {cause}" if cause else ""
         if ab.get("verdict") == REGRESSED:
-            lines.append(f"AB REGRESSED {row.get('nodeid')}: {'; '.join(_regressed_texts(ab, thresholds))}")
+            lines.append(f"AB REGRESSED {row.get('nodeid')}: {'; '.join(_regressed_texts(ab, thresholds))}{because}")
         elif ab.get("verdict") == INCONCLUSIVE:
-            lines.append(f"AB INCONCLUSIVE {row.get('nodeid')}: {'; '.join(inconclusive_texts(ab))}")
+            lines.append(f"AB INCONCLUSIVE {row.get('nodeid')}: {'; '.join(inconclusive_texts(ab))}{because}")
         elif ab.get("verdict") == NOT_COMPARABLE:
             lines.append(f"AB not comparable {row.get('nodeid')}: "
                          f"{'; '.join(str(d) for d in ab.get('details') or []) or 'no reason given'}")
+        changes = ab.get("census_changes")
+        if isinstance(changes, list) and changes and not cause:  # a cause names the changes already
+            lines.append(f"AB census changed {row.get('nodeid')}: {shortened([str(line) for line in changes])}")
     if not thresholds:
         return lines, None
     counts = ab_summary(report)

@@ -22,6 +22,19 @@ def _tests(count: int) -> str:
     return f"{count} test{'s' if count != 1 else ''}"
 
 
+def cause_text(result: Any) -> str | None:
+    """The census's word on a verdict (``regression.cause.text``: what changed in what runs, or that nothing
+    did), for every rendering to show beside the verdict; None where the verdict has none."""
+    cause = result.get("cause") if isinstance(result, dict) else None
+    text = cause.get("text") if isinstance(cause, dict) else None
+    return text.strip() if isinstance(text, str) and text.strip() else None
+
+
+def _with_cause(line: str, result: dict[str, Any]) -> str:
+    cause = cause_text(result)
+    return f"{line}; cause: {cause}" if cause else line
+
+
 def _tagged(details: list[str], tag: str) -> list[str]:
     """The details that end in ``tag`` (a verdict's own), without it."""
     return [d[: -len(tag)] for d in details if d.endswith(tag)]
@@ -31,7 +44,7 @@ def summarise(verdicts: dict[str, dict[str, Any]], against: str, old: dict[str, 
               order: tuple[str, ...] = VERDICTS) -> list[str]:
     """Terminal lines: what the reader ignored in the ``old`` report (written by another version); each
     regressed test with what regressed; each inconclusive test with what could not be judged and the size it
-    could have detected; the tests the median rule judged, and why; the reasons tests were not compared; the
+    could have detected (both with the census's cause where a timed verdict has one); the tests the median rule judged, and why; the reasons tests were not compared; the
     counts, of every verdict in ``order``."""
     lines: list[str] = [f"note: {note}" for note in read_notes(old)]
     counts = {verdict: 0 for verdict in order}
@@ -44,9 +57,10 @@ def summarise(verdicts: dict[str, dict[str, Any]], against: str, old: dict[str, 
         if verdict == REGRESSED:
             shown = [d[: -len(REGRESSED_TAG)] if d.endswith(REGRESSED_TAG) else d
                      for d in details if REGRESSED_TAG in d] or details
-            lines.append(f"REGRESSED {nodeid}: {'; '.join(shown)}")
+            lines.append(_with_cause(f"REGRESSED {nodeid}: {'; '.join(shown)}", result))
         elif verdict == INCONCLUSIVE:
-            lines.append(f"INCONCLUSIVE {nodeid}: {'; '.join(_tagged(details, INCONCLUSIVE_TAG) or details)}")
+            lines.append(_with_cause(f"INCONCLUSIVE {nodeid}: {'; '.join(_tagged(details, INCONCLUSIVE_TAG) or details)}",
+                                     result))
         elif verdict == NOT_COMPARABLE:
             for reason in details:
                 not_comparable[reason] = not_comparable.get(reason, 0) + 1

@@ -70,6 +70,9 @@ def confirm_verdicts(report: dict[str, Any], verdicts: dict[str, dict[str, Any]]
             lines.append(f"CONFIRMED {key}: measured again after the other tests, it regressed again: {shown}")
             continue
         first.update(confirmed=False, first_verdict=REGRESSED, verdict=repeat["verdict"])
+        first.pop("cause", None)  # the cause of the verdict the row now has (the second measurement's), if any
+        if "cause" in repeat:
+            first["cause"] = repeat["cause"]
         first["details"] = [f"regressed at first, not confirmed: measured again after the other tests it was "
                             f"{repeat['verdict']} (the gate fails a test only when both measurements regress)",
                             *first.get("details", []), f"the second measurement: {shown}"]

@@ -14,7 +14,8 @@ Charts, each readable at a glance:
 - agreement with the baseline (top-1 and token match), with the ``min_top1`` and
   ``min_token_match`` ticks.
 
-Under them: the failed budgets, the results table (the cells of :mod:`.view`, as in the Markdown report), the
+Under them: the failed budgets, the results table (the cells of :mod:`.view`, as in the Markdown report; a timed
+verdict's census cause under the verdict), each test's execution census, the
 A/B against a reference environment (``--opt-ab``),
 estimated figures apart, the skipped techniques grouped by reason, and the environment.
 """
@@ -34,6 +35,7 @@ from ..verdict.judge import INCONCLUSIVE, REGRESSED
 from ..verdict.results import FASTER, SLOWER
 from ..verdict.stats import MIN_BOOTSTRAP_SAMPLES
 from . import view
+from .ab import census_text
 from .history import History, Trend, TrendPoint, trends
 
 OK_COLOR = "#2e8b57"
@@ -643,8 +645,12 @@ def _results_table(report: Mapping[str, Any]) -> str:
         for key, _header in cols:
             value = row[key]
             if key == "test":
+                from urllib.parse import quote  # --opt-trace: the census call's Chrome trace, linked under the id
+
+                trace = test.get("trace")
+                link = f'<a class="trace" href="{_e(quote(trace))}">trace</a>' if isinstance(trace, str) else ""
                 cells.append(f'<td class="test"><code>{_e(value)}</code>'
-                             f'<span class="techniques">{_e(row["techniques"])}</span></td>')
+                             f'<span class="techniques">{_e(row["techniques"])}</span>{link}</td>')
             elif key == "techniques":
                 continue  # shown under the test id
             elif key == "outcome" and value.startswith("skipped: "):
@@ -658,7 +664,11 @@ def _results_table(report: Mapping[str, Any]) -> str:
             elif key in ("failed_budgets", "regression"):
                 bad = value != view.MISSING if key == "failed_budgets" else value.startswith(REGRESSED)
                 warn = key == "regression" and value.startswith(INCONCLUSIVE)
-                cells.append(f'<td class="{key}{" bad" if bad else " warn" if warn else ""}">{_e(value)}</td>')
+                cause = view.regression_cause(test) if key == "regression" else None
+                if cause:  # the census's word on the timed verdict, under it
+                    value = view.regression_text(test, with_cause=False)
+                shown = _e(value) + (f'<span class="reason cause">cause: {_e(cause)}</span>' if cause else "")
+                cells.append(f'<td class="{key}{" bad" if bad else " warn" if warn else ""}">{shown}</td>')
             elif key in ("token_match", "top1") and value.endswith(")") and " (" in value:
                 figure, counts = value[:-1].split(" (", 1)  # view.agreement_counts under the figure
                 cells.append(f'<td class="num">{_e(figure)}<span class="reason">{_e(counts)}</span></td>')
@@ -676,9 +686,28 @@ def _results_table(report: Mapping[str, Any]) -> str:
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
+def census_section(report: Mapping[str, Any]) -> list[str]:
+    """The "Execution census" section: per test, what each side's census call ran (``view.census_tables``),
+    collapsed; none where no row has a census (an earlier report)."""
+    tables = view.census_tables(report)
+    if not tables:
+        return []
+    out = [f'<section id="census"><h2>{_e(view.CENSUS_TITLE)}</h2>', f'<p class="caption">{_e(view.CENSUS_NOTE)}</p>']
+    for table in tables:
+        if table.why_not is not None:
+            out.append(f'<p class="census-none"><code>{_e(table.test)}</code>: not taken ({_e(table.why_not)})</p>')
+            continue
+        out.append(f'<details class="census"><summary><code>{_e(table.test)}</code></summary>')
+        out.append(_html_table(["Figure", "Optimized", "Baseline"], table.rows, cls="census"))
+        out.append("</details>")
+    out.append("</section>")
+    return out
+
+
 def _ab_section(report: Mapping[str, Any]) -> list[str]:
     """The "A/B against another environment" section: what differs between the two stacks, then one line per
-    test (``view.ab_lines``, as the Markdown report and the terminal show them); none without --opt-ab."""
+    test (``view.ab_lines``, as the Markdown report and the terminal show them), with what the census says under it
+    (``report.ab.census_text``, as the Markdown report); none without --opt-ab."""
     if not view.has_ab(report):
         return []
     out = [f'<section id="ab"><h2>{_e(view.AB_TITLE)}</h2>', f"<p>{_e(view.AB_INTRO)}</p>"]
@@ -690,7 +719,9 @@ def _ab_section(report: Mapping[str, Any]) -> list[str]:
     for test, line in compared:
         verdict = test["ab"].get("verdict")
         bad = ' class="bad"' if verdict == REGRESSED else ' class="warn"' if verdict == INCONCLUSIVE else ""
-        out.append(f"<li{bad}><code>{_e(test.get('nodeid'))}</code>: {_e(line)}</li>")
+        census = census_text(test)  # what the two stacks run differently, under its line
+        below = f'<div class="ab-census">{_e(census)}</div>' if census else ""
+        out.append(f"<li{bad}><code>{_e(test.get('nodeid'))}</code>: {_e(line)}{below}</li>")
     out.append("</ul></section>")
     return out
 
@@ -763,6 +794,7 @@ def render_html(report: dict[str, Any], *, history: History | None = None) -> st
     else:
         out.append("<p>No test used <code>opt_bench</code> in this run.</p>")
     out.append("</section>")
+    out += census_section(report)
 
     out += _ab_section(report)
     out += _matrix_section(report)

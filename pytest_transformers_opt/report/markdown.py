@@ -1,10 +1,12 @@
 """The report as Markdown: the text of ``--opt-report-md`` and of ``$GITHUB_STEP_SUMMARY``.
 
 Layout, top to bottom: a one-line summary; with ``--opt-compare``, what the run was compared with and the
-verdicts' counts (each test's verdict, reference, spread and detectable size in its Regression cell); for a
+verdicts' counts (each test's verdict, reference, spread and detectable size in its Regression cell, and a timed
+verdict's census cause last); for a
 merged report, its shards (each one's machine and settings, and a warning where they differ); the failed
 budgets (test, budget, measured, limit); the results table, one row per test, tests with failed budgets first; with ``--opt-ab``, the A/B
-against the reference environment (what differs between the stacks, then a line per test); when the
+against the reference environment (what differs between the stacks, then a line per test, its census's difference
+under it); when the
 tests ran on two or more kinds of hardware (a merged report of shards), the hardware matrix; estimated figures in a
 section of their own (never in a column of measured ones); compile times with the compile cache's
 state; the skipped techniques grouped by reason; failures and errors; the advisor's summary; the environment in a collapsed
@@ -20,6 +22,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .ab import census_text
 from .view import (AB_INTRO, AB_NO_ROWS, AB_TITLE, MATRIX_INTRO, MISSING, SHARD_COLUMNS, ab_header_lines, ab_lines, advice_lines,
                    budgets_mode_note, columns, compare_note, compile_rows, context_text, environment_rows,
                    environment_title, estimate_rows, failed_budget_rows, hardware_matrices, has_ab, one_line,
@@ -111,7 +114,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += [f"**{md_text(line)}**  " for line in ab_header_lines(report)]
         out.append("")
         compared = ab_lines(report)
-        out += [f"- {md_code(test.get('nodeid'), in_table=False)}: {md_text(line)}" for test, line in compared]
+        for test, line in compared:
+            out.append(f"- {md_code(test.get('nodeid'), in_table=False)}: {md_text(line)}")
+            census = census_text(test)  # what the two stacks run differently, under its line
+            if census:
+                out.append(f"  - {md_text(census)}")
         if not compared:
             out.append(md_text(AB_NO_ROWS))
 

@@ -22,6 +22,7 @@ from ..verdict.ab import BLOCKS, FIGURES, IDENTICAL_STACKS, differing_versions, 
 from ..verdict.judge import INCONCLUSIVE, NOT_COMPARABLE, NOT_JUDGED, OK, REGRESSED
 from ..verdict.results import NO_DIFFERENCE
 from .ab import ab_rows, inconclusive_metrics, interval_text
+from .compare import cause_text
 from ..verdict.compare import METRICS, row_hardware
 
 MISSING = "-"
@@ -342,13 +343,23 @@ def techniques_text(test: Mapping[str, Any]) -> str:
     return f"{techniques} vs {baseline}" if baseline else techniques
 
 
-def regression_text(test: Mapping[str, Any]) -> str:
+def regression_text(test: Mapping[str, Any], *, with_cause: bool = True) -> str:
+    """A row's compare verdict and its details; ``with_cause``: and the census's cause of a timed verdict, last
+    (``regression_cause``; the HTML page sets it apart)."""
     regression = test.get("regression")
     if not isinstance(regression, dict) or not regression.get("verdict"):
         return MISSING
     details = "; ".join(one_line(detail) for detail in regression.get("details") or [])
     verdict = str(regression["verdict"])
-    return f"{verdict}: {details}" if details else verdict
+    text = f"{verdict}: {details}" if details else verdict
+    cause = regression_cause(test) if with_cause else None
+    return f"{text}; cause: {cause}" if cause else text
+
+
+def regression_cause(test: Mapping[str, Any]) -> str | None:
+    """What the census says of the row's regressed or inconclusive timed verdict (``regression.cause``)."""
+    cause = cause_text(test.get("regression"))
+    return one_line(cause) if cause else None
 
 
 def has_regressions(report: Mapping[str, Any]) -> bool:
@@ -958,3 +969,109 @@ def ab_header_lines(report: Mapping[str, Any]) -> list[str]:
         lines.append(one_line(str(top["merge_note"])))
     return lines
 
+
+
+# --------------------------------------------------------------------------- the execution census
+
+CENSUS_TITLE = "Execution census"
+CENSUS_NOTE = ("What one untimed generate call of each side ran, counted exactly after the timed rounds: the ATen "
+               "ops (per call and per decode step), a compiled configuration's graph breaks with their reasons and "
+               "its recompiles, on CUDA the kernels launched and the host-device syncs. A figure the device cannot "
+               "give says why; two runs of one stack count the same, so any change is a change of what runs.")
+CENSUS_NAMES_SHOWN = 6  # of an op or kernel map: the most frequent, then a count of the rest
+CENSUS_SIDES = ("optimized", "baseline")
+
+
+@dataclass(frozen=True)
+class CensusTable:
+    """One test's census: (figure, optimized, baseline) rows, or why neither side was counted (``why_not``)."""
+
+    test: str
+    rows: list[tuple[str, str, str]]
+    why_not: str | None = None
+
+
+def _count_map_text(counts: Any, total: Any = None, limit: int = CENSUS_NAMES_SHOWN) -> str:
+    """``872 (47 kinds): aten::mul 125, aten::to 89, ... and 41 more``: a map's total, then its largest counts."""
+    if not isinstance(counts, dict):
+        return MISSING
+    numbers = {str(name): number for name, value in counts.items() if (number := _number(value)) is not None}
+    whole = _number(total)
+    whole = sum(numbers.values()) if whole is None else whole
+    largest = sorted(numbers.items(), key=lambda item: (-item[1], item[0]))
+    named = ", ".join(f"{name} {format_plain(count)}" for name, count in largest[:limit])
+    rest = f" and {len(largest) - limit} more" if len(largest) > limit else ""
+    kinds = f"{len(largest)} kind{'s' if len(largest) != 1 else ''}"
+    return f"{format_plain(whole)} ({kinds})" + (f": {named}{rest}" if named else "")
+
+
+def _why(census: Mapping[str, Any], key: str) -> str:
+    unavailable = census.get("unavailable")
+    why = unavailable.get(key) if isinstance(unavailable, dict) else None
+    return f"{MISSING} ({one_line(str(why))})" if why else MISSING
+
+
+def _census_cells(census: Mapping[str, Any]) -> dict[str, str]:
+    """One side's census figures in words, keyed by ``CENSUS_FIGURES``'s keys; a figure not counted says why."""
+    steps = _number(census.get("decode_steps"))
+    cells = {"ops": _count_map_text(census.get("ops"), census.get("ops_total"))}
+    per_step = census.get("ops_per_step")
+    cells["ops_per_step"] = (_count_map_text(per_step) + (f" (over {format_plain(steps)} steps)" if steps else "")
+                             if isinstance(per_step, dict) else f"{MISSING} (no decode step counted)")
+    breaks = _number(census.get("graph_breaks"))
+    reasons = [one_line(str(reason)) for reason in census.get("graph_break_reasons") or []]
+    cells["graph_breaks"] = (_why(census, "graph_breaks") if breaks is None
+                             else format_plain(breaks) + (f": {'; '.join(reasons)}" if reasons else ""))
+    for key in ("recompiles", "unique_graphs"):
+        value = census.get(key)
+        cells[key] = _why(census, key) if _number(value) is None else format_plain(value)
+    kernels = census.get("kernels")
+    cells["kernels"] = (_count_map_text(kernels, census.get("kernels_total")) if isinstance(kernels, dict)
+                        else _why(census, "kernels"))
+    step_kernels = census.get("kernels_per_step")
+    # (where kernels are not counted, the row above says why)
+    cells["kernels_per_step"] = _count_map_text(step_kernels) if isinstance(step_kernels, dict) else MISSING
+    syncs, step_syncs = _number(census.get("syncs")), _number(census.get("syncs_per_step"))
+    cells["syncs"] = (_why(census, "syncs") if syncs is None else format_plain(syncs) + (
+        f" ({format_plain(step_syncs)} per step)" if step_syncs is not None else ""))
+    replays = _number(census.get("cuda_graph_replays"))
+    cells["cuda_graph_replays"] = MISSING if replays is None else format_plain(replays)
+    return cells
+
+
+CENSUS_FIGURES: tuple[tuple[str, str], ...] = (
+    ("ops", "Ops per call"), ("ops_per_step", "Ops per decode step"), ("graph_breaks", "Graph breaks"),
+    ("recompiles", "Recompiles"), ("unique_graphs", "Unique graphs"), ("kernels", "Kernels per call"),
+    ("kernels_per_step", "Kernels per decode step"), ("syncs", "Host-device syncs per call"),
+    ("cuda_graph_replays", "CUDA graph replays"))
+"""(key, label) of a census table's rows; a row neither side counted, nor says why, is left out."""
+
+
+def census_table(test: Mapping[str, Any]) -> CensusTable | None:
+    """A test's census (the row's ``census``), None for a row without one (not measured, an earlier report)."""
+    census = test.get("census")
+    if not isinstance(census, dict):
+        return None
+    nodeid = str(test.get("nodeid") or MISSING)
+    found = census.get("why_not")
+    why_not: dict[str, Any] = found if isinstance(found, dict) else {}
+    sides = {side: census.get(side) if isinstance(census.get(side), dict) else None for side in CENSUS_SIDES}
+    if not any(sides.values()):
+        reasons = dict.fromkeys(one_line(str(why_not.get(side) or "not taken")) for side in CENSUS_SIDES)
+        return CensusTable(nodeid, [], "; ".join(reasons))
+    cells = {side: _census_cells(counted) if counted is not None else {} for side, counted in sides.items()}
+    rows = []
+    for key, label in CENSUS_FIGURES:
+        pair = [cells[side].get(key, MISSING) for side in CENSUS_SIDES]
+        for index, side in enumerate(CENSUS_SIDES):
+            if sides[side] is None and key == "ops":
+                pair[index] = f"not taken: {one_line(str(why_not.get(side) or 'no census'))}"
+        if all(text == MISSING for text in pair):
+            continue
+        rows.append((label, pair[0], pair[1]))
+    return CensusTable(nodeid, rows)
+
+
+def census_tables(report: Mapping[str, Any]) -> list[CensusTable]:
+    """Every row's census, in the results table's order."""
+    return [table for test in sort_tests(_tests(report)) if (table := census_table(test)) is not None]

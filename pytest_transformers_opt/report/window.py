@@ -16,7 +16,10 @@ runs)", recorded but not judged, said in every verbosity.
 **The rule** (``verdict.window_rule``), per threshold of ``--opt-compare-fail``, on each run's figure (its median
 over rounds): today's worsening against the window's median, with the window's run-to-run spread as its error,
 the p-values of the run's window-judged thresholds adjusted as one family; the verdict is the one judge's
-(``verdict.judge.decide``). This module selects, orchestrates and words; it decides nothing.
+(``verdict.judge.decide``). A census threshold (``ops:0`` ...) is judged exactly against the window's newest run
+(``window_rule.census_against_newest``): a census has no spread to weigh. A regressed or inconclusive timed verdict
+carries the census difference between the window's newest run and this one as its ``cause``. This module
+selects, orchestrates and words; it decides nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 
 from ..units import shown
 from ..verdict.ab import differing_versions, version_text
+from ..verdict.census_diff import census_cause
 from ..verdict.compare import (INFORMATIONAL_METRICS, METRICS, REPORTS, BetweenRun, Sides, Threshold,
                                default_between_run, change_text, figure_value,
                                hardware_differences, judge_threshold, measurement_missing, row_environment,
@@ -38,7 +42,8 @@ from ..verdict.compare import (INFORMATIONAL_METRICS, METRICS, REPORTS, BetweenR
 from ..verdict.judge import (IMPROVED, INCONCLUSIVE, NEW, NOT_COMPARABLE, OK, REGRESSED, is_judged, new_row,
                              not_comparable, worst)
 from ..verdict.stats import MIN_WINDOW_RUNS, robust_spread
-from ..verdict.window_rule import MIN_TIMED_SPREAD, WindowFigure, adjust, window_figure
+from ..verdict.window_rule import (MIN_TIMED_SPREAD, RECORDED_SIDES, WindowFigure, adjust, census_against_newest,
+                                   window_figure)
 from .compare import summarise
 from .history import History, HistoryRun, load_history, run_names
 
@@ -251,6 +256,8 @@ def _finish(pending: _Pending, thresholds: Sequence[Threshold], folder: str) -> 
             if record is not None:
                 judged.append(record)
     gated = {threshold.metric for threshold in thresholds}
+    doubted = [threshold.metric for threshold, verdict in zip(thresholds, verdicts)
+               if METRICS[threshold.metric].timed and verdict in (REGRESSED, INCONCLUSIVE)]
     for metric in INFORMATIONAL_METRICS:
         values = [v for v in (figure_value(row.row, metric) for row in rows) if v is not None]
         today = figure_value(test, metric)
@@ -262,6 +269,9 @@ def _finish(pending: _Pending, thresholds: Sequence[Threshold], folder: str) -> 
     result: dict[str, Any] = {"verdict": verdict, "details": details, "reference": reference}
     if judged:
         result["judged"] = judged
+    if doubted:  # what the newest recorded run ran and this one did not (or "did not change")
+        result["cause"] = census_cause(rows[0].row, test, old_label=f"newest {RECORDED_SIDES.old}",
+                                       new_label=RECORDED_SIDES.new)
     return result
 
 
@@ -278,7 +288,10 @@ def _window_parts(selection: Selection, test: dict[str, Any], thresholds: Sequen
                   environment: Mapping[str, Any]) -> list[WindowFigure | tuple[str, str, dict[str, Any] | None]]:
     parts: list[WindowFigure | tuple[str, str, dict[str, Any] | None]] = []
     two_jobs = Sides(between_run=default_between_run(environment))  # a figure too few runs have: as two reports
-    for threshold in thresholds:
+    for threshold in thresholds:  # one part per threshold, in order (_finish pairs them)
+        if METRICS[threshold.metric].census:
+            parts.append(census_against_newest(threshold, [(row.name, row.row) for row in selection.rows], test))
+            continue
         values = [(row, v) for row in selection.rows if (v := figure_value(row.row, threshold.metric)) is not None]
         today = figure_value(test, threshold.metric)
         figure = window_figure(threshold, [v for _, v in values], today) if today is not None else None
@@ -407,7 +420,9 @@ def regressed_entries(settings: Any, environment: Mapping[str, Any] | None, entr
         for part in parts:
             if isinstance(part, WindowFigure):
                 adjust([part])  # a family of one
-        if worst(part.verdict if isinstance(part, WindowFigure) else part[0] for part in parts) == REGRESSED:
+        # a census is exact: measuring it again would count the same, so only a timed or measured figure is a suspect
+        measured = [part for threshold, part in zip(thresholds, parts) if not METRICS[threshold.metric].census]
+        if worst(part.verdict if isinstance(part, WindowFigure) else part[0] for part in measured) == REGRESSED:
             suspects.append(entry)
     return suspects
 

@@ -140,6 +140,8 @@ def _result_dict(record: "TestRecord", result: Any) -> dict[str, Any]:
     optimized = data.get("optimized")
     if isinstance(optimized, dict):
         optimized["compile_cache"] = record.compile_cache if optimized.get("compile_time_s") is not None else None
+    if result.trace_file:  # --opt-trace: the session's file, until the controller places it (report.traces)
+        data["trace"] = result.trace_file
     return data
 
 
@@ -285,6 +287,7 @@ class SessionEnd:
     ab_lines: list[str] = field(default_factory=list)  # --opt-ab-fail: each regressed test, the counts
     ab_line: str | None = None  # why --opt-ab-fail fails the run
     history_line: str | None = None  # where --opt-history recorded the run
+    trace_line: str | None = None  # --opt-trace: where the traces went, or why none could be kept
 
 
 _END_KEY = pytest.StashKey[SessionEnd]()
@@ -369,6 +372,7 @@ class ReportWriter:
         report["advice"] = self._advice(report)
         self._compare(report)
         self._ab(report)
+        self._traces(report)
         return self._extra(report)
 
     def _advice(self, report: dict[str, Any]) -> dict[str, Any] | None:
@@ -447,6 +451,30 @@ class ReportWriter:
         self.end.ab_lines = ["", *lines] if lines else []
         self.end.ab_line = PREFIX + failure if failure else None
 
+    def _traces(self, report: dict[str, Any]) -> None:
+        """--opt-trace: the traces of the tests asked for moved next to the JSON report (rows' ``trace``), the
+        others deleted, once every verdict of the gate is known; the line that says where they went."""
+        mode = self.settings.trace
+        if mode == "off":
+            return
+        from .traces import place_traces, traces_folder
+
+        try:
+            placed = place_traces(report["tests"], mode, self.settings.report_json,
+                                  getattr(self.session, "trace_folder", None))
+        except Exception as exc:
+            self._problem(f"--opt-trace={mode}: could not keep the traces: {describe_error(exc)}")
+            return
+        if not self.settings.report_json:
+            return  # said by finish, whether or not a test ran
+        if placed.folder is not None:
+            self.end.trace_line = (f"{PREFIX}--opt-trace={mode}: {placed.kept} Chrome trace"
+                                   f"{'s' if placed.kept != 1 else ''} of the census call written to {placed.folder}")
+        else:
+            which = "no test the gate flagged had" if mode == "regressed" and placed.traced else "no test had"
+            self.end.trace_line = (f"{PREFIX}--opt-trace={mode}: {which} a trace; none written to "
+                                   f"{traces_folder(self.settings.report_json)}")
+
     def _extra(self, report: dict[str, Any]) -> dict[str, Any]:
         """The ``pytest_opt_report_extra`` hook, then one JSON-safe document (see ``_clean``).
 
@@ -477,8 +505,11 @@ class ReportWriter:
     def finish(self, exit_status: int) -> int:
         """At session end: write every report file; a regression past --opt-compare-fail or --opt-ab-fail, or a
         requested report that could not be written, fails a run whose tests passed. Never raises."""
-        if self.session.is_xdist_worker:  # the controller writes the merged report
+        if self.session.is_xdist_worker:  # the controller writes the merged report (and places the traces)
             return exit_status
+        if self.settings.trace != "off" and not self.settings.report_json:
+            self.end.trace_line = (f"{PREFIX}--opt-trace={self.settings.trace} needs --opt-report-json: the traces "
+                                   "go next to the JSON report; none was written")
         try:
             if not self.ran_any():
                 self.end.nothing_ran = True
@@ -488,6 +519,10 @@ class ReportWriter:
                 self._write_files(report)
         except Exception as exc:  # a last guard: the stages above catch their own
             self._problem(f"could not finish the report: {describe_error(exc)}", fails_run=bool(self._requested()))
+        finally:
+            from .traces import remove_own_folder
+
+            remove_own_folder(self.session)
         failed = bool(self.end.fails_run or self.end.regression_line or self.end.ab_line)
         if failed and exit_status == pytest.ExitCode.OK:
             return REPORT_NOT_WRITTEN_STATUS
@@ -520,8 +555,9 @@ class ReportWriter:
             self._problem(f"could not print the report: {describe_error(exc)}")
         for line in end.problems + [line for line in (end.regression_line, end.ab_line) if line]:
             reporter.write_line(line, red=True)
-        if end.history_line and reporter.verbosity >= -1:  # said under -q too; -qq hides it
-            reporter.write_line(end.history_line)
+        for said in (end.history_line, end.trace_line):
+            if said and reporter.verbosity >= -1:  # said under -q too; -qq hides it
+                reporter.write_line(said)
         if end.nothing_ran and self._requested() and reporter.verbosity >= 0:
             files = ", ".join(label for label, _ in self._requested())
             reporter.write_line(f"{PREFIX}no test that uses opt_bench, opt_model or opt_baseline_model ran: "
@@ -561,7 +597,8 @@ class ReportWriter:
             def html() -> None:
                 from .html import render_html
 
-                write_atomic(paths["report_html"], render_html(report, history=self._trend_history(report, recorded)))
+                shown = _traces_from(report, paths.get("report_json"), paths["report_html"])
+                write_atomic(paths["report_html"], render_html(shown, history=self._trend_history(report, recorded)))
 
             self._write(labels["report_html"], html)
 
@@ -627,6 +664,18 @@ def _ab_thresholds(settings: Any) -> list[Any]:
     if thresholds is None:
         thresholds = getattr(settings, "ab_fail", None)
     return list(thresholds) if isinstance(thresholds, list) else []
+
+
+def _traces_from(report: dict[str, Any], report_json: Path | None, page: Path) -> dict[str, Any]:
+    """``report`` with each row's ``trace`` relative to ``page``'s folder (the HTML report's links), not the JSON
+    report's; the same report where the two share a folder or no row has a trace."""
+    if report_json is None or report_json.parent == page.parent or not any(t.get("trace") for t in report["tests"]):
+        return report
+    def relative(trace: str) -> str:
+        return Path(os.path.relpath(report_json.parent / trace, page.parent)).as_posix()
+
+    tests = [{**t, "trace": relative(t["trace"])} if t.get("trace") else t for t in report["tests"]]
+    return {**report, "tests": tests}
 
 
 def _append(path: str, text: str) -> None:

@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from ..engine.census import CompileRecord, recording_graph_breaks
-from ..compat import compile_on_all_devices, compiled_forward, set_compiled_forward
+from ..compat import compile_on_all_devices, graph_break_counts, compiled_forward, set_compiled_forward
 from .base import DOCS, GenerationSettings, ProbeContext, RunEvidence, Technique
 from .caches import CacheTechnique
+
+
+@dataclass
+class CompileRecord:
+    """What dynamo said while a compiled forward compiled: graph-break reasons (reason -> times) from its counters'
+    deltas around the forward's calls; kept with the forward, so a later test reusing it still knows (the census)."""
+
+    graph_break_reasons: Counter[str] = field(default_factory=Counter)
+
+
+@contextlib.contextmanager
+def recording_graph_breaks(record: CompileRecord) -> Iterator[None]:
+    """Add to ``record`` the graph breaks dynamo counts while the block runs (a compiled forward's call)."""
+    before = graph_break_counts()
+    try:
+        yield
+    finally:
+        grown = graph_break_counts() - before
+        if grown:
+            record.graph_break_reasons.update(grown)
 
 
 class CountedForward:

@@ -12,7 +12,9 @@ slack, otherwise no significant difference.
 
 The gate (``--opt-ab-fail``) is judged here (``judge_ab``) by ``--opt-compare-fail``'s rules and the one judge
 (``verdict.judge``); it may name every figure but speedup and memory_ratio, which need a baseline the reference
-does not run.
+does not run. The census's metrics (``ops:0``, ``graph_breaks:0`` ...) compare the reference's census of the
+optimized configuration with the candidate's, exactly (``verdict.census_diff``); a timed verdict that is
+regressed or inconclusive carries that difference as its ``cause``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import OptConfigError
 from ..units import finite_number, format_bytes
 from .budgets import memory_slack_bytes
+from .census_diff import CENSUS_METRICS, census_changes
 from .results import FASTER, LARGER, NO_DIFFERENCE, SLOWER, SMALLER
 from .stats import MIN_BOOTSTRAP_SAMPLES, SIGNIFICANCE, mann_whitney_greater, median_ratio_interval
 
@@ -39,7 +42,7 @@ FIGURES: dict[str, tuple[str, str | None, bool]] = {
     "throughput": ("throughput_tok_s", "throughput_samples_tok_s", True),
     "peak_memory": ("peak_memory_bytes", None, False),
 }
-AB_METRICS: tuple[str, ...] = (*FIGURES, "kl_mean", "kl_max", "top1", "token_match")
+AB_METRICS: tuple[str, ...] = (*FIGURES, "kl_mean", "kl_max", "top1", "token_match", *CENSUS_METRICS)
 """What ``--opt-ab-fail`` may name (``verdict.compare.METRICS`` less ``REFUSED_METRICS``)."""
 REFUSED_METRICS: tuple[str, ...] = ("speedup", "memory_ratio")
 IDENTICAL_STACKS = "identical stacks"
@@ -201,11 +204,12 @@ _SELF_SIMILARITY = {"kl_mean": 0.0, "kl_max": 0.0, "top1": 1.0, "token_match": 1
 
 def judge_ab(row: Mapping[str, Any], ab: Mapping[str, Any], thresholds: Sequence["Threshold"], *,
              paired: bool | None = None) -> dict[str, Any]:
-    """``{"verdict", "details", "judged"?}`` of one test against ``thresholds`` (``--opt-ab-fail``), judged as
-    ``--opt-compare-fail`` judges two reports (``judged`` records: ``old`` is the reference, ``new`` the
+    """``{"verdict", "details", "judged"?, "cause"?}`` of one test against ``thresholds`` (``--opt-ab-fail``), judged
+    as ``--opt-compare-fail`` judges two reports (``judged`` records: ``old`` is the reference, ``new`` the
     candidate) but within one job, so with no between-run term: interleaved rounds on their pairs, ``blocks``
     unpaired, or as ``paired`` says (the A/B study judges the same sessions both ways); ``not judged`` when a
-    side has no measurement."""
+    side has no measurement. A census threshold compares the two environments' censuses of the optimized
+    configuration exactly; a timed one that is regressed or inconclusive has their difference as ``cause``."""
     from .compare import compare_test
     from .judge import NOT_JUDGED
 
@@ -213,11 +217,18 @@ def judge_ab(row: Mapping[str, Any], ab: Mapping[str, Any], thresholds: Sequence
                if not isinstance(part, dict)]
     if missing:
         return {"verdict": NOT_JUDGED, "details": [f"no measurement on the {' and '.join(missing)} side"]}
-    reference = {"optimized": ab["optimized"], "similarity": dict(_SELF_SIMILARITY)}
-    candidate = {"optimized": row["optimized"], "similarity": ab.get("similarity")}
+    # each side's census of the optimized configuration, where ``census_diff.side_census`` reads a row's
+    (reference_census, why_reference), (candidate_census, why_candidate) = _reference_census(ab), _candidate_census(row)
+    reference = {"optimized": ab["optimized"], "similarity": dict(_SELF_SIMILARITY),
+                 "census": {"optimized": reference_census, "why_not": {"optimized": why_reference}}}
+    candidate = {"optimized": row["optimized"], "similarity": ab.get("similarity"),
+                 "census": {"optimized": candidate_census, "why_not": {"optimized": why_candidate}}}
     if paired is None:
         paired = ab.get("mode") != BLOCKS
-    return compare_test(reference, candidate, list(thresholds), ab_sides(paired))
+    result = compare_test(reference, candidate, list(thresholds), ab_sides(paired))
+    if "census" not in ab:  # a record from before the census: it asked nothing, so it has no cause to give
+        result.pop("cause", None)
+    return result
 
 
 def ab_sides(paired: bool) -> "Sides":
@@ -225,3 +236,39 @@ def ab_sides(paired: bool) -> "Sides":
     from .compare import Sides
 
     return Sides(old="reference", new="candidate", record="side", paired=paired)
+
+
+# --------------------------------------------------------------------------- the census of both environments
+
+
+def _reference_census(ab: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """(the reference's census of the optimized configuration, or None; why not) from an A/B record."""
+    census = ab.get("census")
+    if not isinstance(census, Mapping):
+        return None, "no census in the A/B record (an earlier report)"
+    if isinstance(census.get("reference"), dict):
+        return census["reference"], ""
+    return None, str(census.get("why_not") or "no census of the reference")
+
+
+def _candidate_census(row: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """(the candidate's census of the optimized configuration, or None; why not) from its test row."""
+    census = row.get("census")
+    if not isinstance(census, Mapping):
+        return None, "no census in the candidate's row (--opt-census=off, or an earlier report)"
+    if isinstance(census.get("optimized"), dict):
+        return census["optimized"], ""
+    why = census.get("why_not")
+    return None, str((why.get("optimized") if isinstance(why, Mapping) else None) or "no census of the candidate")
+
+
+def ab_census_changes(row: Mapping[str, Any], ab: Mapping[str, Any]) -> tuple[list[str] | None, str | None]:
+    """(what the candidate runs differently from the reference, as ``census_diff.census_changes`` lines: [] when
+    the two censuses are equal; why not, None where both were counted), whatever the timing verdict."""
+    reference, why_reference = _reference_census(ab)
+    candidate, why_candidate = _candidate_census(row)
+    if reference is None:
+        return None, f"no census of the reference: {why_reference}"
+    if candidate is None:
+        return None, f"no census of the candidate: {why_candidate}"
+    return census_changes(reference, candidate), None

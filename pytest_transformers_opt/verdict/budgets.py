@@ -30,6 +30,10 @@ class BudgetDef:
     measure: Callable[["OptResult"], float | None]
     fmt: Callable[[float | None], str]
     help: str
+    # why a figure is missing (said in the check's note; None: no more to say than "not measured")
+    unmeasured: Callable[["OptResult"], str | None] = lambda result: None
+    # what a failed check adds to its note (e.g. the graph breaks' reasons)
+    detail: Callable[["OptResult"], str | None] = lambda result: None
 
 
 def _fmt_float(value: float | None) -> str:
@@ -46,6 +50,51 @@ def _fmt_ratio(value: float | None) -> str:
 
 def _opt(result: "OptResult") -> Any:
     return result.optimized
+
+
+def _census(result: "OptResult") -> dict[str, Any] | None:
+    """The optimized side's execution census (``engine.census``), None where none was taken."""
+    counted = (result.census or {}).get("optimized")
+    return counted if isinstance(counted, dict) else None
+
+
+def _census_figure(name: str) -> Callable[["OptResult"], float | None]:
+    """A budget's figure read from the optimized side's census: the row's ``census`` is the one source."""
+    def measure(result: "OptResult") -> float | None:
+        value = (_census(result) or {}).get(name)
+        return None if value is None else float(value)
+    return measure
+
+
+def _census_gap(name: str, *also: str) -> Callable[["OptResult"], str | None]:
+    """Why the census has no ``name``: no census of the optimized side, or the census's own reason for a null
+    (``unavailable``, under ``name`` or one of the fields it is derived from, ``also``)."""
+    def why(result: "OptResult") -> str | None:
+        counted = _census(result)
+        if counted is None:
+            reason = ((result.census or {}).get("why_not") or {}).get("optimized")
+            return f"no census of the optimized side ({reason or 'not taken'})"
+        unavailable = counted.get("unavailable") or {}
+        reason = next((unavailable[key] for key in (name, *also) if key in unavailable), None)
+        return f"the census has no {name} ({reason})" if reason else None
+    return why
+
+
+def _recompiles(result: "OptResult") -> float | None:
+    """The census's recompiles (graphs compiled after the warm-up: the timed rounds' and the census call's), the
+    figure ``--opt-compare-fail=recompiles:N`` judges; the timed rounds' count where no census was taken."""
+    counted = _census(result)
+    value = counted.get("recompiles") if counted is not None else _opt(result).recompiles
+    return None if value is None else float(value)
+
+
+def _graph_break_reasons(result: "OptResult") -> str | None:
+    reasons = (_census(result) or {}).get("graph_break_reasons") or []
+    return f"graph breaks: {'; '.join(reasons)}" if reasons else None
+
+
+def _fmt_count(value: float | None) -> str:
+    return "-" if value is None else str(int(value))
 
 
 def _peak_or_load_peak(side: Any) -> int | None:
@@ -84,8 +133,19 @@ BUDGETS: dict[str, BudgetDef] = {
                   "top-1 agreement of next-token distributions at every generated position (judged by its 95% "
                   "upper bound over the compared steps; a near-tie flip agrees): 0..1"),
         BudgetDef("max_recompiles", "max", lambda v, w: float(parse_non_negative_int(v, w)),
-                  lambda r: _opt(r).recompiles, lambda v: "-" if v is None else str(int(v)),
-                  "recompilations during the measured rounds: int"),
+                  _recompiles, _fmt_count,
+                  "recompilations after the warm-up (the timed rounds and the census call; the census's "
+                  "recompiles): int", unmeasured=_census_gap("recompiles")),
+        BudgetDef("max_graph_breaks", "max", lambda v, w: float(parse_non_negative_int(v, w)),
+                  _census_figure("graph_breaks"), _fmt_count,
+                  "compile: graph breaks of the compiled forward in the census call (graphs per compiled call "
+                  "minus one; a failure names dynamo's reasons): int", unmeasured=_census_gap("graph_breaks"),
+                  detail=_graph_break_reasons),
+        BudgetDef("max_syncs_per_step", "max", lambda v, w: parse_positive_float(v, w, allow_zero=True),
+                  _census_figure("syncs_per_step"), _fmt_float,
+                  "CUDA: host-device synchronisations per decode step in the census call (the CPU has none to "
+                  "count: not measured there): float",
+                  unmeasured=_census_gap("syncs_per_step", "syncs", "ops_per_step")),
         BudgetDef("min_acceptance_rate", "min", lambda v, w: parse_fraction(v, w),
                   lambda r: _opt(r).acceptance_rate, _fmt_float,
                   "speculative decoding: draft tokens the model accepted / draft tokens proposed: 0..1"),
@@ -93,7 +153,8 @@ BUDGETS: dict[str, BudgetDef] = {
 }
 # Budgets that only a technique family measures: given on a configuration without one, a marker's is an error
 # and an ini default does not apply.
-FAMILY_BUDGETS = {"min_acceptance_rate": ("speculative_decoding", "assisted_decoding or prompt_lookup")}
+FAMILY_BUDGETS = {"min_acceptance_rate": ("speculative_decoding", "assisted_decoding or prompt_lookup"),
+                  "max_graph_breaks": ("compilation", "compile")}
 SIMILARITY_BUDGETS = ("min_token_match", "max_kl", "min_top1")
 # Timing budgets are noisy: a failure of one is confirmed by more interleaved rounds (a fixed count), and
 # sequential rounds go on until each is settled (sequential.py).
@@ -207,8 +268,9 @@ def check_budgets(result: "OptResult", budgets: dict[str, Budget]) -> list[Budge
         definition = BUDGETS[budget.name]
         measured = definition.measure(result)
         if measured is None:
+            why = definition.unmeasured(result)
             checks.append(BudgetCheck(budget.name, budget.limit, None, False if budget.source != "default" else None,
-                                      budget.source, "not measured in this run"))
+                                      budget.source, "not measured in this run" + (f": {why}" if why else "")))
             continue
         measured = float(measured)
         if not math.isfinite(measured):
@@ -223,6 +285,8 @@ def check_budgets(result: "OptResult", budgets: dict[str, Budget]) -> list[Budge
             ok, note = _slowdown_significant(result, budget.limit)
         if budget.name in ("min_top1", "min_token_match") and result.similarity is not None:
             ok, note = _agreement_within_sample(result, budget.name, budget.limit, ok)
+        if not ok:
+            note = "; ".join(text for text in (note, definition.detail(result)) if text) or None
         checks.append(BudgetCheck(budget.name, budget.limit, measured, ok, budget.source, note))
     return checks
 

@@ -48,7 +48,8 @@ def _count(value: Any) -> float | None:
 
 def census_value(census: Mapping[str, Any], metric: str) -> tuple[Any, str | None]:
     """(the census's value of ``metric``: a count map or a number, or None with why)."""
-    unavailable = census.get("unavailable") if isinstance(census.get("unavailable"), dict) else {}
+    given = census.get("unavailable")
+    unavailable: Mapping[str, Any] = given if isinstance(given, dict) else {}
     if metric in CENSUS_MAPS:
         counts = census.get(CENSUS_MAPS[metric][0])
         if isinstance(counts, dict) and all(_count(v) is not None for v in counts.values()):

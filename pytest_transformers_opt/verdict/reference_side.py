@@ -6,7 +6,9 @@ differs. ``run_bench`` drives it as a third side: it warms up with the others, r
 run after the candidate's (the memory reading, the proof that each technique ran there too, the
 distributions at the baseline's tokens), then takes its turn in every timed round, alternating with
 the candidate's optimized side, so both environments are measured on the same machine minutes apart,
-never jobs apart.
+never jobs apart. Once its timed rounds are over, its execution census is taken there (one untimed call, as the
+candidate's own: ``verdict.census_sides``), so the report shows what the two stacks run differently whatever the
+timing says.
 """
 
 from __future__ import annotations
@@ -77,6 +79,10 @@ class ReferenceSide:
         self.mode = "interleaved"
         self.blocks: list[list[Any]] | None = None  # blocks mode: [environment, rounds] in the order they ran
         self.blocks_of: AlternatingBlocks | None = None
+        self.session: "OptSession | None" = None  # set by ``start``: the census is taken at record time
+        self.census: dict[str, Any] | None = None  # the reference's census of the configuration, once taken
+        self.census_why_not: str | None = None
+        self._census_asked = False
 
     @classmethod
     def start(cls, session: "OptSession", plan: "TestPlan", opt: "OptModel", workload: "Workload",
@@ -93,6 +99,7 @@ class ReferenceSide:
             return side
         worker = session.reference_worker()
         side = cls(worker, key, opt, workload, check_length, candidate, reference_stack(worker), plan.nodeid)
+        side.session = session
         timeout = request_timeout([opt.loaded.load_time_s or 0.0], LOAD_FLOOR_S)
         loaded = side._request(session, lambda: worker.load(key, plan.optimized.request, plan.model_path,
                                                             opt.techniques, session.device,
@@ -146,9 +153,40 @@ class ReferenceSide:
         return run.timing.total_s
 
     def timed_round(self, session: "OptSession") -> None:
-        run = self._generate(session)
+        run = self._generate(session, timed=True)
         if run is not None:
             self.timings.rounds.append(run.timing)
+
+    def take_census(self, session: "OptSession") -> None:
+        """The reference's execution census of the configuration, once per test: one untimed call after its
+        timed rounds (``census_of`` in the worker). A census that cannot be taken is None with why
+        (``census_why_not``); a request the worker refused is said there too, never the test's failure; one the
+        worker stopped answering makes the side not comparable, as any request's. Not asked under
+        ``--opt-census=off``."""
+        from ..engine.ab_client import ReferenceError as RequestFailed
+        from .census_sides import OFF
+
+        if self._census_asked:
+            return
+        self._census_asked = True
+        worker, workload = self.worker, self.workload
+        if not session.settings.census:
+            self.census_why_not = OFF
+            return
+        if worker is None or self.not_comparable is not None:  # the record says why: not comparable
+            return
+        timeout = self._round_timeout()  # a census call is one generate call, under the profiler
+
+        def ask() -> tuple[dict[str, Any] | None, str | None]:
+            try:
+                return worker.census(self.key, workload.prompts, workload.max_new_tokens, workload.batch_size,
+                                     timeout_s=timeout)
+            except RequestFailed as exc:
+                return None, f"the census request failed {WHERE}: {exc}"
+
+        answer = self._request(session, ask)
+        if answer is not None:
+            self.census, self.census_why_not = answer
 
     def verify(self, session: "OptSession", target: list[list[int]] | None) -> None:
         """The reference's verification run: memory, the proof that each technique ran there too, and its
@@ -184,8 +222,14 @@ class ReferenceSide:
     def record(self, side_metrics: Callable[..., Any]) -> dict[str, Any]:
         """The row's ``ab`` record: the reference stack, its optimized side, the cross-environment similarity.
         Verdicts are computed from it when the report is built (``verdict.ab``); a side that is not comparable
-        records no figures, its verdict and why (``not_comparable``, which the report keeps as it is)."""
+        records no figures, its verdict and why (``not_comparable``, which the report keeps as it is).
+
+        ``census``: the reference's census (``take_census``: here, at the first record of an interleaved A/B, the
+        worker's model on its device; blocks take it in their first block) or null with ``why_not``; the report
+        adds the change from it to the candidate's (``report.ab.complete_ab``)."""
         self.load_averages = self.load_averages[:1] + [_load_average()]
+        if self.blocks_of is None and self.session is not None:
+            self.take_census(self.session)
         common: dict[str, Any] = {
             "mode": self.mode,
             **({"blocks": [list(block) for block in self.blocks],
@@ -199,11 +243,14 @@ class ReferenceSide:
             from .judge import NOT_COMPARABLE
 
             return {**common, "optimized": None, "similarity": None, "not_comparable": self.not_comparable,
-                    "verdict": NOT_COMPARABLE, "details": [self.not_comparable]}
+                    "verdict": NOT_COMPARABLE, "details": [self.not_comparable],
+                    "census": {"reference": None, "why_not": self.not_comparable}}
         assert self.verification is not None
         optimized = side_metrics(self.timings, self.loaded, self.verification)
+        why_not = None if self.census is not None else self.census_why_not or "the reference's census was not taken"
         return {**common, "optimized": optimized.to_dict(),
-                "similarity": self.similarity.to_dict() if self.similarity is not None else None}
+                "similarity": self.similarity.to_dict() if self.similarity is not None else None,
+                "census": {"reference": self.census, "why_not": why_not}}
 
 
 
@@ -284,6 +331,7 @@ class AlternatingBlocks:
                 side.timed_round(self.session)
             if side.not_comparable is None:
                 self._logged("reference", target - done)
+            side.take_census(self.session)  # in its first block, after its timed rounds, its model on the device
             self.swap_s += self._park(side, "host")
         finally:  # also when the reference skipped or failed the test: the session's cached models go back
             self.swap_s += sum(park(model.model, home) for model, home in zip(self.candidates, homes))

@@ -8,17 +8,23 @@ noiseless runner). Today's worsening ``w`` (percent of the center for a relative
 runs (``stats.new_run_scale``) and Student's t of ``stats.new_run_degrees_of_freedom(n)``. The p-values of every
 window-judged threshold of the run form one family, adjusted by Benjamini-Hochberg (``adjust``); the detectable
 size is ``L + t_crit * se`` at the family's first bar ``SIGNIFICANCE / m``.
+
+A census threshold (``ops:0``, ``graph_breaks:0`` ...) is not a statistic: a census is exact, a window of one stack
+holds equal censuses, so it is judged exactly against the window's newest run with a census
+(``census_against_newest``, by ``compare.judge_census_threshold``), never by the window's spread.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .compare import (INCONCLUSIVE_TAG, IMPROVED_TAG, METRICS, NOT_SIGNIFICANT, OK_TAG, REGRESSED_TAG, Threshold,
-                      change_text, limit_text, signed_text, size_text, worsening)
+from .census_diff import census_value, side_census
+from .compare import (INCONCLUSIVE_TAG, IMPROVED_TAG, METRICS, NOT_SIGNIFICANT, OK_TAG, REGRESSED_TAG, Sides,
+                      Threshold, change_text, judge_census_threshold, limit_text, signed_text, size_text, worsening)
 from .judge import INCONCLUSIVE, OK, REGRESSED, IMPROVED, beyond_limit, decide, detectable_size
 from .stats import (MIN_WINDOW_RUNS, SIGNIFICANCE, benjamini_hochberg, new_run_degrees_of_freedom, new_run_scale,
                     robust_spread, student_t_isf, student_t_sf)
@@ -26,6 +32,8 @@ from .stats import (MIN_WINDOW_RUNS, SIGNIFICANCE, benjamini_hochberg, new_run_d
 MIN_TIMED_SPREAD = 0.005
 """Floor of a timed figure's spread, relative to its center: a timer's and a scheduler's noise is never 0."""
 WINDOW_RULE = "window"
+RECORDED_SIDES = Sides(old="recorded", new="new", record="run")
+"""What a census verdict against a recorded run calls its two rows (no between-run term: a census is exact)."""
 
 
 @dataclass
@@ -125,3 +133,28 @@ def adjust(figures: Sequence[WindowFigure]) -> None:
         figure.p_better_adjusted = adjusted
     for figure in figures:
         figure.finish(len(figures))
+
+
+def _census_key(row: Mapping[str, Any], metric: str) -> str | None:
+    """The optimized side's ``metric`` as comparable text (a count map or a number); None where not counted."""
+    census, _ = side_census(row)
+    value = census_value(census, metric)[0] if census is not None else None
+    return None if value is None else json.dumps(value, sort_keys=True)
+
+
+def census_against_newest(threshold: Threshold, window: Sequence[tuple[str, Mapping[str, Any]]],
+                          today: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None]:
+    """(verdict, detail, judged record) of a census threshold on a window (``window``: (run name, row), newest
+    first): exact, against the newest run that counted the metric (the newest run when none did: then
+    inconclusive, saying why). Where the window's runs counted more than one value, the detail says how many:
+    the stack's own variation, or a change already recorded, that the newest run stands for."""
+    metric = threshold.metric
+    counted = [(name, row, key) for name, row in window if (key := _census_key(row, metric)) is not None]
+    name, row = (counted[0][0], counted[0][1]) if counted else window[0]
+    verdict, detail, record = judge_census_threshold(threshold, dict(row), today, RECORDED_SIDES)
+    against = (f"against {name}, the window's newest run with {metric} counted (a census is exact: no spread)"
+               if counted else f"against {name}, the window's newest run")
+    held = len({key for _, _, key in counted})
+    if held > 1:
+        against += f"; the window's runs held {held} different {metric} censuses, the newest stands for them"
+    return verdict, f"{against}: {detail}", record

@@ -33,7 +33,8 @@ def test_flash_attention_2(opt_bench):
     report = run.report
     rows, notes = device_check.table(report, width=40)
     header, body = rows[0], {row[0]: row for row in rows[1:]}
-    assert header[:2] == ["technique", "outcome / skip reason"] and header[-1] == "decode GB/s (estimate)"
+    assert header[:2] == ["technique", "outcome / skip reason"] and header[7] == "decode GB/s (estimate)"
+    assert header[8:] == ["kernels/step opt/base", "syncs/step opt/base"]
     assert list(body) == [device_check.LABELS.get(name, name) for name, _ in device_check.TECHNIQUES]
     sdpa = body["sdpa"]
     entry = run.test("test_sdpa")
@@ -41,6 +42,9 @@ def test_flash_attention_2(opt_bench):
     assert sdpa[2] == f"{entry['optimized']['ttft_s'] * 1e3:.1f} / {entry['baseline']['ttft_s'] * 1e3:.1f}"
     assert sdpa[5] == f"{entry['speedup']:.2f}x"
     assert sdpa[7] == f"{entry['estimates']['decode_bandwidth_bytes_s'] / 1e9:.3g}"  # no peak on CPU
+    # the census was taken on both sides, and a CPU counts no kernels and no syncs: said, never a zero
+    assert entry["census"]["optimized"]["ops_total"] > 0 and entry["census"]["optimized"]["kernels_per_step"] is None
+    assert sdpa[8:] == ["n/a / n/a", "n/a / n/a"]
     flash = body["flash_attention_2"]
     assert flash[1].startswith("skipped: flash_attention_2 needs") and flash[1].endswith("...") and len(flash[1]) == 40
     assert any(n.endswith("compute capability >= 8.0; found: cpu") for n in notes)  # the full reason
@@ -52,6 +56,47 @@ def test_flash_attention_2(opt_bench):
     for line in lines[:1] + lines[2:]:
         assert [i for i, c in enumerate(line) if c == "|"][:len(crossings)] == crossings, line
     assert "cpu" in device_check.environment_line(report)
+
+
+def _census(kernels_per_step, syncs_per_step):
+    return {"kernels_per_step": kernels_per_step, "syncs_per_step": syncs_per_step, "kernels": {}, "syncs": 0}
+
+
+def test_census_columns_read_kernels_and_syncs_per_step_of_each_side_with_n_a_where_null(device_check):
+    """On a GPU (a report of the shape a CUDA run writes): kernels per step summed over the kernel names, syncs per
+    step as counted; a side without a census, or a null figure, is n/a, not 0."""
+    rows = {
+        "sdpa": {"census": {"optimized": _census({"ampere_sgemm": 60, "fmha_fwd": 30, "elementwise": 181.5}, 1),
+                            "baseline": _census({"ampere_sgemm": 60, "softmax": 30, "elementwise": 300}, 2.25),
+                            "why_not": {}}},
+        "static_cache": {"census": {"optimized": _census({"ampere_sgemm": 60}, 0),
+                                    "baseline": None, "why_not": {"baseline": "a stored baseline"}}},
+        "compile": {"census": {"optimized": _census(None, None), "baseline": _census({}, 0), "why_not": {}}},
+        "bnb_8bit": {"census": None},  # a report from before the census
+    }
+    report = {"tests": [{"nodeid": f"t.py::test_{name}", "outcome": "passed", "error": None, "optimized": {},
+                         "baseline": {}, **row} for name, row in rows.items()]}
+    table, _ = device_check.table(report)
+    body = {row[0]: row[8:] for row in table[1:]}
+    assert body["sdpa"] == ["271.5 / 390", "1 / 2.25"]
+    assert body["static_cache"] == ["60 / n/a", "0 / n/a"]
+    assert body["compile"] == ["n/a / 0", "n/a / 0"]
+    assert body["bnb_8bit"] == ["n/a / n/a", "n/a / n/a"]
+    assert body["offloaded_cache"] == ["-", "-"]  # not in the report: not run
+    assert "| 271.5 / 390 | 1 / 2.25 |" in device_check.markdown(table, [], "device check")
+
+
+def test_the_trained_model_is_named_in_the_test_file_and_built_by_the_plugin(device_check, tmp_path):
+    """``--model smollm2-135m``: the tests mark the built-in name (the plugin loads its converted copy), bfloat16 on
+    the GPU, float32 with --cpu; the Qwen3 shape stays the default."""
+    args = device_check.parse_args(["--model", "smollm2-135m"])
+    shape, dtype, device, tokens, model = device_check.settings(args)
+    assert (shape, dtype, device, tokens, model) == (None, "bfloat16", "cuda", 32, "smollm2-135m")
+    assert device_check.settings(device_check.parse_args(["--model", "smollm2-135m", "--cpu"]))[1:3] == ("float32", "cpu")
+    assert "pytest.mark.opt_model('smollm2-135m', dtype='bfloat16')" in device_check.test_source(model, dtype, tokens)
+    assert device_check.settings(device_check.parse_args([]))[0] is device_check.QWEN3_06B
+    with pytest.raises(SystemExit):
+        device_check.parse_args(["--model", "smollm2"])
 
 
 def test_decode_column_shows_the_share_of_peak_on_a_gpu(device_check):

@@ -425,7 +425,7 @@ def test_a_changed_technique_set_is_not_comparable() -> None:
                                       (sampled([10, 11, 12, 13, 14]), sampled([15, 16, 17, 18, 19]))])
 def test_verdict_is_schema_shaped(old: dict[str, Any], new: dict[str, Any]) -> None:
     result = one(old, new, "latency:10%,ttft:5%,kl_mean:0.01")
-    assert set(result) == {"verdict", "details", "judged"} and all(isinstance(d, str) for d in result["details"])
+    assert set(result) == {"verdict", "details", "judged", "cause"} and all(isinstance(d, str) for d in result["details"])
     assert [r["metric"] for r in result["judged"]] == ["latency", "ttft"]  # timed thresholds only
     report = make_report(new)
     report["tests"][0]["regression"] = result
@@ -546,6 +546,10 @@ def test_timed_metrics_without_samples_say_so() -> None:
     assert result["judged"][0]["note"] == "the old report keeps no per-round ttft samples"  # one written before 12-2026
 
 
+# a timed verdict's census cause, as the terminal line ends with it where the reports (made before the census) have none
+NO_CENSUS = "; cause: no census of the old run's optimized side: no census (an earlier report, or --opt-census=off)"
+
+
 def test_summarise_lists_each_inconclusive_test_and_the_median_rule() -> None:
     old = make_report(sampled(NULL_OLD, "t::a"), make_test("t::b"))
     new = make_report(sampled(NULL_NEW, "t::a"), make_test("t::b"))
@@ -555,9 +559,9 @@ def test_summarise_lists_each_inconclusive_test_and_the_median_rule() -> None:
     assert lines == [
         f"INCONCLUSIVE t::a: latency 10.3 ms -> 11.8 ms (+15.0%, limit 10%), ratio 1.15x, "
         f"between-run p={judged['p_value']:.2g} on 7+7 rounds, not significant, {CPU}, detectable "
-        f"{judged['detectable']:.3g}%",
+        f"{judged['detectable']:.3g}%{NO_CENSUS}",
         f"INCONCLUSIVE t::b: latency 12.0 ms -> 12.0 ms (+0.0%, limit 10%), ratio 1.00x, median rule: the old report "
-        f"keeps no per-round latency samples, {CPU}, detectable {CPU_DETECTABLE_10}",
+        f"keeps no per-round latency samples, {CPU}, detectable {CPU_DETECTABLE_10}{NO_CENSUS}",
         "median rule (1 test): latency: the old report keeps no per-round latency samples",
         "compare: 0 regressed, 2 inconclusive, 0 improved, 0 ok, 0 new, 0 not comparable (against o.json)",
     ]
@@ -576,9 +580,9 @@ def test_summarise_lines() -> None:
     assert lines == [
         f"REGRESSED t::a: latency 12.0 ms -> 20.0 ms (+66.7%, limit 10%), ratio 1.67x, median rule: the old report "
         f"keeps no per-round latency samples, {CPU}, detectable {CPU_DETECTABLE_10}; peak_memory 1.00 GiB -> 2.00 GiB "
-        f"(+100.0%, limit 5%)",
+        f"(+100.0%, limit 5%){NO_CENSUS}",
         f"INCONCLUSIVE t::c: latency 12.0 ms -> 12.0 ms (+0.0%, limit 10%), ratio 1.00x, median rule: the old report "
-        f"keeps no per-round latency samples, {CPU}, detectable {CPU_DETECTABLE_10}",
+        f"keeps no per-round latency samples, {CPU}, detectable {CPU_DETECTABLE_10}{NO_CENSUS}",
         "median rule (3 tests): latency: the old report keeps no per-round latency samples",
         "not comparable (1 test): no measurement in the new run (skipped: no GPU)",
         "compare: 1 regressed, 1 inconclusive, 1 improved, 0 ok, 1 new, 1 not comparable (against old.json)",
@@ -591,7 +595,7 @@ def test_summarise_only_regressed_details() -> None:
     (line, _rule, _count) = summarise(verdicts, "x.json")
     assert line == (f"REGRESSED {T}: latency 12.0 ms -> 20.0 ms (+66.7%, limit 10%), ratio 1.67x, "
                     f"median rule: the old report keeps no per-round latency samples, {CPU}, detectable "
-                    f"{CPU_DETECTABLE_10}")
+                    f"{CPU_DETECTABLE_10}{NO_CENSUS}")
 
 
 def test_summarise_groups_hardware_reasons() -> None:

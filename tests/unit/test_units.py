@@ -324,6 +324,8 @@ VALID_BUDGETS: dict[str, list[tuple[Any, float]]] = {
     "max_kl": [(0.01, 0.01), (0, 0.0), ("1e-3", 1e-3)],
     "min_top1": [(0.97, 0.97), (1, 1.0), ("0.85", 0.85)],
     "max_recompiles": [(0, 0.0), (3, 3.0), ("2", 2.0)],
+    "max_graph_breaks": [(0, 0.0), (2, 2.0), ("1", 1.0)],
+    "max_syncs_per_step": [(0, 0.0), (1, 1.0), ("0.5", 0.5)],
     "min_acceptance_rate": [(0.5, 0.5), (0, 0.0), ("0.25", 0.25), (1, 1.0)],
 }
 INVALID_BUDGETS: dict[str, list[Any]] = {
@@ -338,6 +340,8 @@ INVALID_BUDGETS: dict[str, list[Any]] = {
     "max_kl": [-0.01, "small", float("nan"), float("inf")],
     "min_top1": [1.5, -1, "most", float("nan")],
     "max_recompiles": [-1, 1.5, "a few", True, 2.0],
+    "max_graph_breaks": [-1, 0.5, "none", True],
+    "max_syncs_per_step": [-1, "few", float("nan"), float("inf"), True],
     "min_acceptance_rate": [1.5, -0.1, "most", float("nan"), "50%"],
 }
 

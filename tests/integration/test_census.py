@@ -1,0 +1,161 @@
+"""The execution census end to end: taken on both sides, the same on every run of one stack, off when asked, and
+compared exactly by --opt-compare-fail, naming what changed and giving it as a timing verdict's cause."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# A user's technique: with EXTRA_MATMUL set, every decoder layer's forward runs one more matmul (a hook that
+# multiplies its output by an identity), as a transformers release that adds an op per layer would.
+EXTRA_MATMUL_CONFTEST = '''
+import contextlib, os
+import pytest
+import torch
+from pytest_transformers_opt.techniques.attention import Sdpa
+
+
+class SdpaPlus(Sdpa):
+    name = "sdpa_plus"
+    implementation = "sdpa"
+    summary = "sdpa, and with EXTRA_MATMUL set one more matmul per decoder layer"
+
+    @contextlib.contextmanager
+    def around_generate(self, model):
+        if not os.environ.get("EXTRA_MATMUL"):
+            yield
+            return
+        def hook(module, args, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            eye = torch.eye(hidden.shape[-1], dtype=hidden.dtype, device=hidden.device)
+            changed = torch.matmul(hidden, eye)
+            return (changed, *output[1:]) if isinstance(output, tuple) else changed
+        handles = [layer.register_forward_hook(hook) for layer in model.model.layers]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_opt_register_techniques(registry):
+    registry.register(SdpaPlus)
+'''
+
+PLUS_TEST = '''
+import pytest
+
+@pytest.mark.optimization("sdpa_plus")
+def test_plus(opt_bench):
+    opt_bench(prompts=["The cat sees"], max_new_tokens=5)
+'''
+
+
+def _census(run: Any, name: str) -> dict[str, Any]:
+    census = run.test(name)["census"]
+    assert census is not None, run.result.stdout.str()
+    return census
+
+
+def test_the_census_is_taken_on_both_sides_and_is_the_same_on_every_run_of_one_stack(run_user: Any) -> None:
+    first = _census(run_user(PLUS_TEST, "--opt-rounds=3", conftest=EXTRA_MATMUL_CONFTEST), "test_plus")
+    second = _census(run_user(PLUS_TEST, "--opt-rounds=5"), "test_plus")
+    assert first == second  # exactly: rounds, warm-up and timings differ, what runs does not
+    optimized, baseline = first["optimized"], first["baseline"]
+    assert optimized["decode_steps"] == 4 and optimized["generate_calls"] == 1
+    # the proof in counts: sdpa runs its fused op in every layer of every step, the eager baseline never
+    assert optimized["ops_per_step"].get("aten::scaled_dot_product_attention") == 2, optimized["ops_per_step"]
+    assert not any("scaled_dot_product" in op for op in baseline["ops"]), baseline["ops"]
+    assert optimized["kernels"] is None and "CUDA" in optimized["unavailable"]["kernels"]
+    assert first["why_not"] == {}
+
+
+def test_census_off_leaves_each_side_null_with_the_reason(run_user: Any) -> None:
+    run = run_user(PLUS_TEST, "--opt-rounds=3", "--opt-census=off", conftest=EXTRA_MATMUL_CONFTEST)
+    census = _census(run, "test_plus")
+    assert census["optimized"] is None and census["baseline"] is None
+    assert census["why_not"] == {"optimized": "--opt-census=off", "baseline": "--opt-census=off"}
+
+
+def test_an_extra_matmul_per_layer_is_caught_by_ops_zero_and_named_as_the_latency_verdicts_cause(
+        run_user: Any, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = run_user(PLUS_TEST, "--opt-rounds=5", conftest=EXTRA_MATMUL_CONFTEST)
+    old = pytester.path / "old.json"
+    old.write_text(json.dumps(copy.deepcopy(first.report)), encoding="utf-8")
+    monkeypatch.setenv("EXTRA_MATMUL", "1")
+    run = run_user(PLUS_TEST, "--opt-rounds=5", "-q", f"--opt-compare={old}", "--opt-compare-fail=ops:0,latency:10%")
+    assert run.result.ret == pytest.ExitCode.TESTS_FAILED  # ops:0 regressed: the gate fails the run
+    regression = run.test("test_plus")["regression"]
+    assert regression["verdict"] == "regressed", regression
+    # two decoder layers, one matmul each, in every decode step
+    ops_detail = next(d for d in regression["details"] if d.startswith("ops "))
+    assert "aten::matmul +2 per step (0 -> 2)" in ops_detail and ops_detail.endswith(": regressed"), ops_detail
+    (ops_record,) = [r for r in regression["judged"] if r["metric"] == "ops"]
+    assert ops_record["rule"] == "exact" and "aten::matmul +2 per step (0 -> 2)" in ops_record["changes"]
+    # the latency verdict (regressed or, at this size, inconclusive) names the census difference as its cause
+    (latency,) = [r for r in regression["judged"] if r["metric"] == "latency"]
+    assert latency["verdict"] in ("regressed", "inconclusive")
+    assert regression["cause"]["changed"] is True
+    assert regression["cause"]["text"].startswith("the census changed: ")
+    assert "aten::matmul +2 per step (0 -> 2)" in regression["cause"]["lines"], regression["cause"]
+    out = run.result.stdout.str()
+    assert "aten::matmul +2 per step (0 -> 2)" in out, out
+    # the baseline did not change: its census is the same in both reports
+    assert run.test("test_plus")["census"]["baseline"] == first.test("test_plus")["census"]["baseline"]
+
+
+GRAPH_BREAK_CONFTEST = '''
+import contextlib, os
+import pytest
+from pytest_transformers_opt.techniques import Technique
+from pytest_transformers_opt.techniques.compilation import Compile
+
+
+class CompileWithHook(Compile):
+    name = "compile_with_hook"
+    load_time = True  # after_load runs for a technique that is part of the loaded model
+
+    def after_load(self, model):
+        if os.environ.get("ITEM_IN_ATTENTION"):  # a .item() in a forward hook: dynamo cannot trace it
+            def read_a_number(module, args, output):
+                (output[0] if isinstance(output, tuple) else output).sum().item()
+
+            model.model.layers[0].self_attn.register_forward_hook(read_a_number)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_opt_register_techniques(registry):
+    registry.register(CompileWithHook)
+'''
+
+COMPILE_TEST = '''
+import pytest
+
+@pytest.mark.optimization("compile_with_hook")
+def test_compiled(opt_bench):
+    opt_bench(prompts=["The cat sees"], max_new_tokens=4)
+'''
+
+
+def test_a_graph_break_in_a_compiled_model_fails_graph_breaks_zero_naming_its_reason(
+        run_user: Any, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = run_user(COMPILE_TEST, "--opt-rounds=3", conftest=GRAPH_BREAK_CONFTEST)
+    whole = _census(first, "test_compiled")["optimized"]
+    assert whole["graph_breaks"] == 0 and whole["compiled_calls"] == 3 and whole["unique_graphs"] == 1, whole
+    old = pytester.path / "old.json"
+    old.write_text(json.dumps(first.report), encoding="utf-8")
+    monkeypatch.setenv("ITEM_IN_ATTENTION", "1")
+    run = run_user(COMPILE_TEST, "--opt-rounds=3", f"--opt-compare={old}", "--opt-compare-fail=graph_breaks:0")
+    broken = _census(run, "test_compiled")["optimized"]
+    assert broken["graph_breaks"] >= 1, broken
+    assert any("Tensor.item()" in reason for reason in broken["graph_break_reasons"]), broken
+    regression = run.test("test_compiled")["regression"]
+    assert regression["verdict"] == "regressed", regression
+    assert regression["details"][0].startswith(f"graph breaks 0 -> {broken['graph_breaks']}: ")
+    assert "Tensor.item()" in regression["details"][0]
+    assert run.result.ret == pytest.ExitCode.TESTS_FAILED
