@@ -254,7 +254,7 @@ def dispatch_counter() -> Any:
     """A TorchDispatchMode that counts every op the dispatcher runs while it is active, by name."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Counting(TorchDispatchMode):
+    class Counting(TorchDispatchMode):  # type: ignore[misc]  # torch's class is untyped
         def __init__(self) -> None:
             super().__init__()
             self.counts: Counter[str] = Counter()
@@ -349,7 +349,10 @@ def counting_table(results: Sequence[Counting]) -> str:
     for r in results:
         plain = _median(r.plain_s)
         total = [c + n for c, n in zip(r.profiler_call_s, r.profiler_count_s)]
-        ratio = (lambda v: None if plain is None or v is None else v / plain)
+
+        def ratio(value: float | None) -> float | None:
+            return None if plain is None or value is None else value / plain
+
         lines.append(f"| {r.model} | {_ms(plain)} | {_ms(_median(r.profiler_call_s))} | "
                      f"{_ms(_median(r.profiler_count_s))} ({_ms(_median(r.profiler_parse_s))}) | "
                      f"{_ms(_median(r.raw_read_s))} | {_ratio(ratio(_median(total)))} | "

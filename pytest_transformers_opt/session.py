@@ -76,6 +76,8 @@ class OptSession:
         self._models: ModelCache | None = None
         self.reference_runs: dict[tuple[Any, ...], tuple[GenerationRun, PeakReading]] = {}
         self.reference_run_count = 0
+        # a baseline configuration's census per (model, generate arguments, workload): the same in every test
+        self.baseline_censuses: dict[tuple[Any, ...], tuple[dict[str, Any] | None, str | None]] = {}
         self.saved_baselines: set[str] = set()  # keys written by --opt-update-baselines this session
         self.records: dict[str, TestRecord] = {}
         # report entries sent by xdist workers, by entry id: each test's latest, sent with every report

@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from .hardware import HardwareInfo
     from .loading import ModelCache, ModelRequest
     from .model import LoadedModel, OptModel
-    from ..session import OptSession
     from ..techniques import ProbeContext, Technique, TechniqueRegistry
 
 _PARENT_AT_START = os.getppid()  # read before anything else: compared after PR_SET_PDEATHSIG is set

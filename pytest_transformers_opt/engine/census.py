@@ -172,56 +172,55 @@ def _is_aten(name: str) -> bool:
     return name.startswith("aten::")
 
 
-def _top_level_aten(event: Any) -> bool:
-    """An ATen op no other ATen op called."""
-    parent = getattr(event, "cpu_parent", None)
-    while parent is not None:
-        if _is_aten(str(parent.name)):
-            return False
-        parent = getattr(parent, "cpu_parent", None)
-    return True
-
-
-def _inside_region(event: Any) -> bool:
-    parent = getattr(event, "cpu_parent", None)
-    while parent is not None:
-        if str(parent.name).startswith(_COMPILED_REGION):
-            return True
-        parent = getattr(parent, "cpu_parent", None)
-    return False
-
-
-def _start(event: Any) -> float:
-    return float(event.time_range.start)
-
-
-def _launch_start(event: Any) -> float:
-    """A device kernel's time as its launching CPU call's start, where the profiler links them."""
-    parent = getattr(event, "cpu_parent", None)
-    return _start(parent) if parent is not None else _start(event)
-
-
 def events_from_profiler(profile: Any) -> list[CensusEvent]:
-    """The census's events from a finished ``torch.profiler.profile``."""
+    """The census's events from a finished ``torch.profiler.profile``, read from the profiler's raw (Kineto) events:
+    building its Python event tree (``profile.events()``) cost 27 times as much on a 135M model's call, most of a
+    census's time (benchmarks/RESULTS.md, issue 41). Which op called which is read from how a thread's events nest
+    (an op runs within its caller's span, on its thread); a device kernel is timed by its launch, found through its
+    correlation id."""
     from torch.autograd import DeviceType
 
+    raw = profile.profiler.kineto_results.events()
+    launches: dict[int, float] = {}  # a CPU event's correlation id -> its start (a kernel's launch)
+    threads: dict[int, list[Any]] = {}
+    device: list[Any] = []
+    for event in raw:
+        if event.device_type() == DeviceType.CPU:
+            threads.setdefault(int(event.start_thread_id()), []).append(event)
+            launches[int(event.correlation_id())] = float(event.start_ns()) / 1000.0
+        else:
+            device.append(event)
     events: list[CensusEvent] = []
-    for event in profile.events():
-        name = str(event.name)
-        device = getattr(event, "device_type", DeviceType.CPU)
-        if device != DeviceType.CPU:
-            events.append(CensusEvent(name, KERNEL, _launch_start(event)))
-        elif name in (STEP_MARK, CALL_MARK):
-            events.append(CensusEvent(name, MARK, _start(event), float(event.time_range.end)))
-        elif _is_aten(name):
-            if _top_level_aten(event):
-                events.append(CensusEvent(name, OP, _start(event)))
-        elif name in SYNC_CALLS or name in GRAPH_REPLAY_CALLS:
-            events.append(CensusEvent(name, RUNTIME, _start(event)))
-        elif name.startswith(_COMPILED_REGION) and not _inside_region(event):
-            events.append(CensusEvent(name, REGION, _start(event)))
-        elif name.startswith(_COMPILED_GRAPH):
-            events.append(CensusEvent(name, GRAPH, _start(event)))
+    for thread_events in threads.values():
+        thread_events.sort(key=lambda e: (e.start_ns(), -e.end_ns()))
+        open_spans: list[tuple[int, bool, bool]] = []  # (end, an aten op, a compiled region), innermost last
+        for event in thread_events:
+            start, end = int(event.start_ns()), int(event.end_ns())
+            while open_spans and open_spans[-1][0] <= start:
+                open_spans.pop()
+            name = str(event.name())
+            start_us = start / 1000.0
+            within_aten = any(span[1] for span in open_spans)
+            within_region = any(span[2] for span in open_spans)
+            if name in (STEP_MARK, CALL_MARK):
+                events.append(CensusEvent(name, MARK, start_us, end / 1000.0))
+            elif _is_aten(name):
+                if not within_aten:
+                    events.append(CensusEvent(name, OP, start_us))
+            elif name in SYNC_CALLS or name in GRAPH_REPLAY_CALLS:
+                events.append(CensusEvent(name, RUNTIME, start_us))
+            elif name.startswith(_COMPILED_REGION):
+                if not within_region:
+                    events.append(CensusEvent(name, REGION, start_us))
+            elif name.startswith(_COMPILED_GRAPH):
+                events.append(CensusEvent(name, GRAPH, start_us))
+            open_spans.append((end, _is_aten(name), name.startswith(_COMPILED_REGION)))
+    for event in device:
+        name = str(event.name())
+        if name in (STEP_MARK, CALL_MARK) or event.is_user_annotation():
+            continue
+        launch = launches.get(int(event.linked_correlation_id()))
+        events.append(CensusEvent(name, KERNEL, launch if launch is not None else float(event.start_ns()) / 1000.0))
     return events
 
 

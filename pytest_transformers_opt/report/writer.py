@@ -467,11 +467,14 @@ class ReportWriter:
             return
         if not self.settings.report_json:
             return  # said by finish, whether or not a test ran
-        if placed.folder is not None:
+        if not self.settings.census:
+            self.end.trace_line = (f"{PREFIX}--opt-trace={mode} needs the census (--opt-census=off): the trace is "
+                                   "the census call's; none written")
+        elif placed.folder is not None:
             self.end.trace_line = (f"{PREFIX}--opt-trace={mode}: {placed.kept} Chrome trace"
                                    f"{'s' if placed.kept != 1 else ''} of the census call written to {placed.folder}")
         else:
-            which = "no test the gate flagged had" if mode == "regressed" and placed.traced else "no test had"
+            which = "no test the gate flagged had" if mode != "all" and placed.traced else "no test had"
             self.end.trace_line = (f"{PREFIX}--opt-trace={mode}: {which} a trace; none written to "
                                    f"{traces_folder(self.settings.report_json)}")
 

@@ -15,6 +15,9 @@ from .base import (
     ProbeContext,
     RunEvidence,
     Technique,
+    census_compiled,
+    census_decode_steps,
+    census_ops,
     version_ok,
 )
 from . import layer_kernels
@@ -97,9 +100,28 @@ class AttentionBackend(Technique):
         return None
 
 
+SDPA_OPS = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_")
+"""The ATen ops of fused attention: what ``F.scaled_dot_product_attention`` asks the dispatcher for, and the backend
+ops inductor's compiled code calls directly (``aten::_scaled_dot_product_flash_attention_for_cpu``)."""
+
+
+def _counted(ops: dict[str, float]) -> str:
+    return ", ".join(f"{name} x{count:g}" for name, count in sorted(ops.items()))
+
+
 class Eager(AttentionBackend):
     name = "eager"
     summary = "plain PyTorch attention (the reference implementation)"
+
+    def verify_census(self, census: dict[str, Any]) -> str | None:
+        """Eager attention runs no fused attention op in the whole call (measured on the eight built-in models).
+        Not read for a compiled configuration: inductor may replace a matmul-softmax-matmul by a fused op."""
+        if census_decode_steps(census) is None or census_compiled(census):
+            return None
+        fused = census_ops(census, SDPA_OPS, per_step=False)
+        if fused:
+            return f"eager attention was requested but the census counted fused attention ops: {_counted(fused)}"
+        return None
 
 
 class Sdpa(AttentionBackend):
@@ -107,6 +129,20 @@ class Sdpa(AttentionBackend):
     model_flag = "_supports_sdpa"
     summary = "torch.nn.functional.scaled_dot_product_attention"
     requirement = "a model class that supports SDPA"
+
+    def verify_census(self, census: dict[str, Any]) -> str | None:
+        """SDPA runs a fused attention op in every decode step (one per attention layer on the eight built-in
+        models); in the whole call where no decode step was marked (one new token) or the configuration is compiled
+        (the prefill runs eagerly; what inductor's decode steps call is unverified on CUDA)."""
+        steps = census_decode_steps(census)
+        if steps is None:
+            return None
+        per_step = bool(steps) and not census_compiled(census)
+        if census_ops(census, SDPA_OPS, per_step=per_step):
+            return None
+        where = f"in its {steps} decode steps" if per_step else "in the whole call"
+        return (f"sdpa was requested but the census counted no fused attention op (aten::scaled_dot_product_attention "
+                f"or aten::_scaled_dot_product_*) {where}: attention ran another way")
 
 
 # torch inductor's CPU template for flex attention generates C++ that does not compile (CppCompileError: an

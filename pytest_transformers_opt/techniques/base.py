@@ -282,3 +282,24 @@ def version_ok(installed: str | None, spec: str) -> bool:
         return Version(installed) in SpecifierSet(spec)
     except (InvalidVersion, InvalidSpecifier):
         return False
+
+
+# ---------------------------------------------------------------- reading a census (engine.census) in a proof
+def census_decode_steps(census: dict[str, Any]) -> int | None:
+    """The census call's decode steps; None where it cannot mark them (generate_batch: continuous batching's
+    forwards run in its own thread, outside what the census counts, so no proof reads its ops)."""
+    steps = census.get("decode_steps")
+    return steps if isinstance(steps, int) else None
+
+
+def census_compiled(census: dict[str, Any]) -> bool:
+    """The census is a compiled configuration's: its decode steps' ops are the ATen ops inductor's code calls, not
+    the eager ones (inductor fuses an in-place cache write, and may lower attention to another op)."""
+    return "compiled_calls" in census
+
+
+def census_ops(census: dict[str, Any], prefixes: tuple[str, ...], per_step: bool) -> dict[str, float]:
+    """The census's ops whose names start with one of ``prefixes`` (per decode step, or in the whole call), with
+    their counts; none that ran zero times."""
+    ops = (census.get("ops_per_step") if per_step else census.get("ops")) or {}
+    return {name: count for name, count in ops.items() if name.startswith(prefixes) and count}

@@ -14,7 +14,29 @@ from .base import (
     ProbeContext,
     RunEvidence,
     Technique,
+    census_compiled,
+    census_decode_steps,
+    census_ops,
 )
+
+STATIC_WRITES = ("aten::index_copy_", "aten::roll")
+"""How a static cache layer takes a decode step's keys and values, in place (transformers' StaticLayer and
+StaticSlidingWindowLayer): ``index_copy_`` at the step's position, or, once a sliding window is full, ``roll`` and
+a copy. A dynamic cache runs neither (measured on the eight built-in models: none in any decode step of theirs):
+it grows by ``aten::cat``."""
+
+
+def static_writes_problem(census: dict[str, Any], label: str) -> str | None:
+    """Why the census shows no static cache in the decode steps (a fallback to a dynamic cache), or None. Not read
+    for a compiled configuration (inductor fuses the write into its own code) or without marked decode steps."""
+    steps = census_decode_steps(census)
+    if not steps or census_compiled(census):
+        return None
+    if census_ops(census, STATIC_WRITES, per_step=True):
+        return None
+    cats = (census.get("ops_per_step") or {}).get("aten::cat", 0)
+    return (f"{label} was requested but the census's {steps} decode steps wrote no static cache in place (no "
+            f"aten::index_copy_ or aten::roll; aten::cat x{cats:g} per step): the cache grew as a dynamic one")
 
 
 class CacheTechnique(Technique):
@@ -51,6 +73,9 @@ class StaticCacheTechnique(CacheTechnique):
             return f"static_cache was requested but generation used {type(evidence.cache).__name__} with layers {sorted(set(layers))}"
         return None
 
+    def verify_census(self, census: dict[str, Any]) -> str | None:
+        return static_writes_problem(census, self.label())
+
 
 class SlidingWindowCache(CacheTechnique):
     name = "sliding_window_cache"
@@ -76,6 +101,9 @@ class SlidingWindowCache(CacheTechnique):
         if not any("SlidingWindow" in name for name in layers):
             return f"sliding_window_cache was requested but no sliding-window cache layer was used; found: {sorted(set(layers))}"
         return None
+
+    def verify_census(self, census: dict[str, Any]) -> str | None:
+        return static_writes_problem(census, self.label())
 
 
 class OffloadedCacheTechnique(CacheTechnique):

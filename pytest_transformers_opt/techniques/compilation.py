@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from ..compat import compile_on_all_devices, graph_break_counts, compiled_forward, set_compiled_forward
-from .base import DOCS, GenerationSettings, ProbeContext, RunEvidence, Technique
+from .base import DOCS, GenerationSettings, ProbeContext, RunEvidence, Technique, census_decode_steps
 from .caches import CacheTechnique
 
 
@@ -112,6 +112,15 @@ class Compile(Technique):
         if evidence.compiled_calls <= 0:
             return "compile was requested but the compiled forward was never called (transformers fell back to eager)"
         return None
+
+    def verify_census(self, census: dict[str, Any]) -> str | None:
+        """A compiled region runs in the decode steps: dynamo that gives up on the forward (a recompile limit, an
+        error it suppresses) runs it eagerly, still through the counted forward, so only the census sees it."""
+        steps = census_decode_steps(census)
+        if not steps or census.get("compiled_calls") != 0:
+            return None
+        return (f"compile was requested but no compiled region ran in the census call's {steps} decode steps "
+                f"(dynamo ran the forward eagerly)")
 
     def conflicts_with(self, other: Technique) -> str | None:
         if isinstance(other, CacheTechnique) and not other.compileable:

@@ -575,9 +575,12 @@ def _measure(session: "OptSession", plan: "TestPlan", get_base: Callable[[], Opt
         measurement = Measurement(result, remeasure=timed_rounds)
     # the census: one untimed call a side, at steady state (after the timed rounds, never inside one)
     census["sides"], census["trace"] = census_sides(
-        session, plan, opt, base, once, sum(recompiles) if opt.generation.compile else None, work,
+        session, plan, opt, base, once, sum(recompiles) if opt.generation.compile else None, work, workload.key(),
         trace_path=census_trace_path(session, plan))
     result.census, result.trace_file = census["sides"], census["trace"]
+    if ab is not None:  # the reference's census too, after the rounds: its record then says what differs
+        ab.take_census(session)
+        result.ab = ab.record(_reference_metrics)
     counted = census["sides"].get("optimized")
     for technique in opt.techniques if counted is not None else ():
         problem = technique.verify_census(counted)

@@ -22,7 +22,7 @@ TENSOR_PARALLEL = "tensor parallelism runs the model in worker processes the cen
 
 
 def census_sides(session: "OptSession", plan: "TestPlan", opt: OptModel, base: OptModel | None,
-                 run: Callable[..., GenerationRun], recompiles: int | None, work: Work,
+                 run: Callable[..., GenerationRun], recompiles: int | None, work: Work, workload_key: Any,
                  trace_path: str | None = None) -> tuple[dict[str, Any], str | None]:
     """The row's ``census`` (both sides, or why not) and the optimized side's trace file where one was asked for."""
     why_not: dict[str, str] = {}
@@ -31,19 +31,23 @@ def census_sides(session: "OptSession", plan: "TestPlan", opt: OptModel, base: O
         why_not.update(optimized=OFF, baseline=OFF)
         return sides, None
     work.status = "census (untimed)"
-    trace = None
-    for name, side in (("optimized", opt), ("baseline", base)):
-        if side is None:
-            why_not[name] = STORED
-            continue
-        counted, why, written = census_of(side, lambda **kw: run(side, **kw), cuda=session.hardware.is_cuda,
-                                          recompiles=recompiles if side is opt else None,
-                                          trace_path=trace_path if side is opt else None)
-        sides[name] = counted
-        if why is not None:
-            why_not[name] = why
-        if side is opt:
-            trace = written
+    counted, why, trace = census_of(opt, lambda **kw: run(opt, **kw), cuda=session.hardware.is_cuda,
+                                    recompiles=recompiles, trace_path=trace_path)
+    sides["optimized"] = counted
+    if why is not None:
+        why_not["optimized"] = why
+    if base is None:
+        why_not["baseline"] = STORED
+        return sides, trace
+    # the baseline configuration runs the same calls in every test of its model and workload (a census is
+    # deterministic): counted once a session, as its reference run is
+    key = (base.loaded.key, repr(sorted(base.generation.kwargs.items())), workload_key)
+    if key not in session.baseline_censuses:
+        counted, why, _ = census_of(base, lambda **kw: run(base, **kw), cuda=session.hardware.is_cuda, recompiles=None)
+        session.baseline_censuses[key] = (counted, why)
+    sides["baseline"], why = session.baseline_censuses[key]
+    if why is not None:
+        why_not["baseline"] = why
     return sides, trace
 
 

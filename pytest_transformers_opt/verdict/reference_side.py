@@ -224,12 +224,10 @@ class ReferenceSide:
         Verdicts are computed from it when the report is built (``verdict.ab``); a side that is not comparable
         records no figures, its verdict and why (``not_comparable``, which the report keeps as it is).
 
-        ``census``: the reference's census (``take_census``: here, at the first record of an interleaved A/B, the
-        worker's model on its device; blocks take it in their first block) or null with ``why_not``; the report
+        ``census``: the reference's census (``take_census``: after the timed rounds of an interleaved A/B, as the
+        candidate's own, ``verdict.bench``; blocks take it in their first block) or null with ``why_not``; the report
         adds the change from it to the candidate's (``report.ab.complete_ab``)."""
         self.load_averages = self.load_averages[:1] + [_load_average()]
-        if self.blocks_of is None and self.session is not None:
-            self.take_census(self.session)
         common: dict[str, Any] = {
             "mode": self.mode,
             **({"blocks": [list(block) for block in self.blocks],

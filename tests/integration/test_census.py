@@ -159,3 +159,58 @@ def test_a_graph_break_in_a_compiled_model_fails_graph_breaks_zero_naming_its_re
     assert regression["details"][0].startswith(f"graph breaks 0 -> {broken['graph_breaks']}: ")
     assert "Tensor.item()" in regression["details"][0]
     assert run.result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+# A technique that notes, around every generate call, whether a profiler was recording it
+PROFILED_CONFTEST = '''
+import contextlib, json, os
+import pytest
+import torch
+from pytest_transformers_opt.techniques.caches import StaticCacheTechnique
+
+
+class NotedStatic(StaticCacheTechnique):
+    name = "noted_static"
+
+    @contextlib.contextmanager
+    def around_generate(self, model):
+        with open(os.environ["CALLS_LOG"], "a") as log:
+            log.write(json.dumps(torch.autograd.profiler._is_profiler_enabled) + "\\n")
+        yield
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_opt_register_techniques(registry):
+    registry.register(NotedStatic)
+'''
+
+TWICE_TEST = '''
+import pytest
+
+@pytest.mark.optimization("noted_static")
+def test_first(opt_bench):
+    opt_bench(prompts=["The cat sees"], max_new_tokens=4)
+
+@pytest.mark.optimization("noted_static")
+def test_second(opt_bench):
+    opt_bench(prompts=["The cat sees"], max_new_tokens=4)
+'''
+
+
+def test_the_census_runs_once_a_test_outside_every_timed_round_and_is_stable_across_tests(
+        run_user: Any, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = pytester.path / "calls.log"
+    monkeypatch.setenv("CALLS_LOG", str(log))
+    run = run_user(TWICE_TEST, "--opt-rounds=4", conftest=PROFILED_CONFTEST)
+    assert run.result.ret == pytest.ExitCode.OK, run.result.stdout.str()
+    profiled = [json.loads(line) for line in log.read_text().splitlines()]
+    # every call of the optimized configuration: warm-up, verification, 4 timed rounds, the census; one profiled
+    assert profiled.count(True) == 2, profiled  # one census call per test, of the optimized side
+    for name in ("test_first", "test_second"):
+        row = run.test(name)
+        assert row["optimized"]["rounds"] == 4 and len(row["optimized"]["latency_samples_s"]) == 4
+    # the second test reuses the session's loaded, warmed model: its census is the first's exactly
+    first, second = run.test("test_first")["census"], run.test("test_second")["census"]
+    assert first == second and first["optimized"] != first["baseline"]
+    # a static cache's decode step writes into its preallocated tensors: no concatenation of the cache
+    assert first["optimized"]["ops_per_step"].get("aten::cat", 0) < first["baseline"]["ops_per_step"]["aten::cat"]

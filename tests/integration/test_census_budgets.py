@@ -17,10 +17,13 @@ from pytest_transformers_opt.techniques.compilation import Compile
 
 class CompileWithHook(Compile):
     name = "compile_with_hook"
+    load_time = True  # after_load runs for a technique that is part of the loaded model
 
     def after_load(self, model):
-        model.model.layers[0].self_attn.register_forward_hook(
-            lambda module, args, output: (output[0] if isinstance(output, tuple) else output).sum().item())
+        def read_a_number(module, args, output):
+            (output[0] if isinstance(output, tuple) else output).sum().item()
+
+        model.model.layers[0].self_attn.register_forward_hook(read_a_number)
 
 
 @pytest.hookimpl(optionalhook=True)

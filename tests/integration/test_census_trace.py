@@ -44,6 +44,7 @@ def _trace(run: Any, name: str) -> Path:
 def test_all_writes_each_tests_trace_next_to_the_report_linked_from_the_row_and_the_html(
         run_user: Any, pytester: pytest.Pytester, own_temp: Path) -> None:
     html = pytester.path / "pages" / "report.html"
+    html.parent.mkdir()
     run = run_user(TWO_TESTS, "--opt-rounds=1", "--opt-trace=all", f"--opt-report-html={html}")
     folder = pytester.path / "opt-report.traces"
     traces = {name: _trace(run, name) for name in ("test_attention", "test_cache_over_budget")}
@@ -84,3 +85,27 @@ def test_without_a_json_report_it_says_once_that_the_traces_need_one(
     out = result.stdout.str()
     assert out.count("--opt-trace=all needs --opt-report-json") == 1, out
     assert not list(own_temp.glob("pytest-opt-traces-*")) and not list(pytester.path.glob("*.traces"))
+
+
+def _row(tmp: Path, name: str, **verdicts: Any) -> dict[str, Any]:
+    trace = tmp / f"{name}.trace.json"
+    trace.write_text('{"traceEvents": []}', encoding="utf-8")
+    return {"nodeid": name, "trace": str(trace), "failed_budgets": [], **verdicts}
+
+
+def test_regressed_keeps_what_any_gate_flagged_regressed_or_inconclusive(tmp_path: Path) -> None:
+    from pytest_transformers_opt.report.traces import FOLDER_PREFIX, place_traces
+
+    session = tmp_path / f"{FOLDER_PREFIX}x"
+    session.mkdir()
+    rows = [_row(session, "compare_inconclusive", regression={"verdict": "inconclusive"}),
+            _row(session, "ab_regressed", ab={"verdict": "regressed"}),
+            _row(session, "over_budget", failed_budgets=["max_latency"]),
+            _row(session, "compare_ok", regression={"verdict": "ok"}, ab={"verdict": "improved"})]
+    placed = place_traces(rows, "regressed", str(tmp_path / "out" / "report.json"), None)
+    assert (placed.kept, placed.traced) == (3, 4)
+    assert [row["trace"] for row in rows] == [f"report.traces/{name}.trace.json"
+                                             for name in ("compare_inconclusive", "ab_regressed", "over_budget")] + [None]
+    assert sorted(p.name for p in (tmp_path / "out" / "report.traces").iterdir()) == [
+        "ab_regressed.trace.json", "compare_inconclusive.trace.json", "over_budget.trace.json"]
+    assert not session.exists()  # the session's (or a worker's) temporary folder goes with it

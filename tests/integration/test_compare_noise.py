@@ -75,7 +75,8 @@ def test_a_noisy_null_is_inconclusive_and_listed_in_every_verbosity(run_user: An
     assert run.result.ret == pytest.ExitCode.OK  # inconclusive never fails the run ...
     run.result.stdout.fnmatch_lines([  # ... and is said under -q, with the size the two jobs could have seen
         "INCONCLUSIVE *test_sleepy: latency * (+*%, limit 10%), ratio *x, between-run p=* on 6+6 rounds, not "
-        "significant, with the CPU default between runs (10% a figure, 3% a speedup), detectable *%",
+        "significant, with the CPU default between runs (10% a figure, 3% a speedup), detectable *%; cause: the "
+        "census did not change*",
         "compare: 0 regressed, 1 inconclusive, 0 improved, 0 ok*"])
 
 
@@ -106,5 +107,5 @@ def test_an_old_report_without_samples_falls_back_to_the_median_rule_and_says_so
     run.result.stdout.fnmatch_lines([
         "REGRESSED *test_sleepy: latency * (+*%, limit 10%), ratio *x, "
         "median rule: the old report keeps no per-round latency samples, with the CPU default between runs (10% a "
-        "figure, 3% a speedup), detectable 33.3%",
+        "figure, 3% a speedup), detectable 33.3%; cause: the census did not change*",
         "median rule (1 test): latency: the old report keeps no per-round latency samples"])
