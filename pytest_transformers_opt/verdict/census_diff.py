@@ -24,7 +24,7 @@ CENSUS_METRICS: tuple[str, ...] = (*CENSUS_MAPS, *CENSUS_SCALARS)
 
 NOT_COMPILED = "not a compiled configuration"
 """An eager configuration's reason for no graph figures: it has no graphs, so none broke or recompiled (0)."""
-UNCHANGED = "the census did not change: the slowdown is in the arithmetic or the machine"
+UNCHANGED = "the census did not change: the same ops ran, so a timing difference is the arithmetic's or the machine's"
 LINES_SHOWN = 6  # changes named in one line; the rest are counted
 
 
@@ -32,7 +32,7 @@ def side_census(entry: Mapping[str, Any], side: str = "optimized") -> tuple[dict
     """(a row's census of ``side``, or None with why) from a report row or an A/B record's ``census``."""
     census = entry.get("census")
     if not isinstance(census, dict):
-        return None, "no census (an earlier report, or --opt-census=off)"
+        return None, "an earlier report, or --opt-census=off"
     counted = census.get(side)
     if isinstance(counted, dict):
         return counted, None
@@ -138,7 +138,7 @@ def census_cause(old_entry: Mapping[str, Any], new_entry: Mapping[str, Any], *, 
         if old_census is None or new_census is None:
             if side == sides[0]:
                 label, why = (old_label, old_why) if old_census is None else (new_label, new_why)
-                return {"changed": None, "lines": [], "text": f"no census of the {label} run's {side} side: {why}"}
+                return {"changed": None, "lines": [], "text": f"no census in the {label} run ({why})"}
             continue
         changes = census_changes(old_census, new_census)
         lines.extend(changes if side == sides[0] else [f"{side}: {line}" for line in changes])

@@ -5,7 +5,7 @@ initialisation are over and the count is the steady state's (two runs of a test 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..engine.census import census_of
 from ..engine.generation import GenerationRun

@@ -367,7 +367,7 @@ def _writer(made: dict[str, Any], ab_fail: str | None, *, report_on: bool = Fals
     settings = SimpleNamespace(ab_fail=ab_fail, ab_thresholds=gate(ab_fail) if ab_fail else [],
                                sources={"ab_fail": "--opt-ab-fail"}, report=report_on,
                                report_json=None, report_md=None, report_html=None, history=None,
-                               compare=None, compare_report=None)
+                               compare=None, compare_report=None, trace="off", census=True)
     config = SimpleNamespace(stash=pytest.Stash(),
                              hook=SimpleNamespace(pytest_opt_report_extra=SimpleNamespace(get_hookimpls=list)))
     session = SimpleNamespace(settings=settings, config=config, is_xdist_worker=False, records={"t": None},

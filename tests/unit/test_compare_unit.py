@@ -547,7 +547,7 @@ def test_timed_metrics_without_samples_say_so() -> None:
 
 
 # a timed verdict's census cause, as the terminal line ends with it where the reports (made before the census) have none
-NO_CENSUS = "; cause: no census of the old run's optimized side: no census (an earlier report, or --opt-census=off)"
+NO_CENSUS = "; cause: no census in the old run (an earlier report, or --opt-census=off)"
 
 
 def test_summarise_lists_each_inconclusive_test_and_the_median_rule() -> None:
