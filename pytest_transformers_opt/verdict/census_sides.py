@@ -5,6 +5,7 @@ initialisation are over and the count is the steady state's (two runs of a test 
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..engine.census import census_of
@@ -31,8 +32,12 @@ def census_sides(session: "OptSession", plan: "TestPlan", opt: OptModel, base: O
         why_not.update(optimized=OFF, baseline=OFF)
         return sides, None
     work.status = "census (untimed)"
+    seconds: dict[str, float | None] = {"optimized": None, "baseline": None}  # what it cost, apart from every figure
+    sides["seconds"] = seconds
+    started = time.perf_counter()
     counted, why, trace = census_of(opt, lambda **kw: run(opt, **kw), cuda=session.hardware.is_cuda,
                                     recompiles=recompiles, trace_path=trace_path)
+    seconds["optimized"] = round(time.perf_counter() - started, 4)
     sides["optimized"] = counted
     if why is not None:
         why_not["optimized"] = why
@@ -43,7 +48,9 @@ def census_sides(session: "OptSession", plan: "TestPlan", opt: OptModel, base: O
     # deterministic): counted once a session, as its reference run is
     key = (base.loaded.key, repr(sorted(base.generation.kwargs.items())), workload_key)
     if key not in session.baseline_censuses:
+        started = time.perf_counter()
         counted, why, _ = census_of(base, lambda **kw: run(base, **kw), cuda=session.hardware.is_cuda, recompiles=None)
+        seconds["baseline"] = round(time.perf_counter() - started, 4)
         session.baseline_censuses[key] = (counted, why)
     sides["baseline"], why = session.baseline_censuses[key]
     if why is not None:

@@ -9,42 +9,9 @@ from typing import Any
 
 import pytest
 
-# A user's technique: with EXTRA_MATMUL set, every decoder layer's forward runs one more matmul (a hook that
-# multiplies its output by an identity), as a transformers release that adds an op per layer would.
-EXTRA_MATMUL_CONFTEST = '''
-import contextlib, os
-import pytest
-import torch
-from pytest_transformers_opt.techniques.attention import Sdpa
+from census_techniques import MATMUL_CHANGE, extra_matmul_conftest, item_hook_conftest  # tests/ is on sys.path
 
-
-class SdpaPlus(Sdpa):
-    name = "sdpa_plus"
-    implementation = "sdpa"
-    summary = "sdpa, and with EXTRA_MATMUL set one more matmul per decoder layer"
-
-    @contextlib.contextmanager
-    def around_generate(self, model):
-        if not os.environ.get("EXTRA_MATMUL"):
-            yield
-            return
-        def hook(module, args, output):
-            hidden = output[0] if isinstance(output, tuple) else output
-            eye = torch.eye(hidden.shape[-1], dtype=hidden.dtype, device=hidden.device)
-            changed = torch.matmul(hidden, eye)
-            return (changed, *output[1:]) if isinstance(output, tuple) else changed
-        handles = [layer.register_forward_hook(hook) for layer in model.model.layers]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_opt_register_techniques(registry):
-    registry.register(SdpaPlus)
-'''
+EXTRA_MATMUL_CONFTEST = extra_matmul_conftest('os.environ.get("EXTRA_MATMUL")')
 
 PLUS_TEST = '''
 import pytest
@@ -64,7 +31,9 @@ def _census(run: Any, name: str) -> dict[str, Any]:
 def test_the_census_is_taken_on_both_sides_and_is_the_same_on_every_run_of_one_stack(run_user: Any) -> None:
     first = _census(run_user(PLUS_TEST, "--opt-rounds=3", conftest=EXTRA_MATMUL_CONFTEST), "test_plus")
     second = _census(run_user(PLUS_TEST, "--opt-rounds=5"), "test_plus")
-    assert first == second  # exactly: rounds, warm-up and timings differ, what runs does not
+    # exactly: rounds, warm-up and timings differ, what runs does not (what counting took is apart: a time)
+    assert first.pop("seconds")["optimized"] > 0 and second.pop("seconds")["baseline"] > 0
+    assert first == second
     optimized, baseline = first["optimized"], first["baseline"]
     assert optimized["decode_steps"] == 4 and optimized["generate_calls"] == 1
     # the proof in counts: sdpa runs its fused op in every layer of every step, the eager baseline never
@@ -93,44 +62,22 @@ def test_an_extra_matmul_per_layer_is_caught_by_ops_zero_and_named_as_the_latenc
     assert regression["verdict"] == "regressed", regression
     # two decoder layers, one matmul each, in every decode step
     ops_detail = next(d for d in regression["details"] if d.startswith("ops "))
-    assert "aten::matmul +2 per step (0 -> 2)" in ops_detail and ops_detail.endswith(": regressed"), ops_detail
+    assert MATMUL_CHANGE in ops_detail and ops_detail.endswith(": regressed"), ops_detail
     (ops_record,) = [r for r in regression["judged"] if r["metric"] == "ops"]
-    assert ops_record["rule"] == "exact" and "aten::matmul +2 per step (0 -> 2)" in ops_record["changes"]
+    assert ops_record["rule"] == "exact" and MATMUL_CHANGE in ops_record["changes"]
     # the latency verdict (regressed or, at this size, inconclusive) names the census difference as its cause
     (latency,) = [r for r in regression["judged"] if r["metric"] == "latency"]
     assert latency["verdict"] in ("regressed", "inconclusive")
     assert regression["cause"]["changed"] is True
     assert regression["cause"]["text"].startswith("the census changed: ")
-    assert "aten::matmul +2 per step (0 -> 2)" in regression["cause"]["lines"], regression["cause"]
+    assert MATMUL_CHANGE in regression["cause"]["lines"], regression["cause"]
     out = run.result.stdout.str()
-    assert "aten::matmul +2 per step (0 -> 2)" in out, out
+    assert MATMUL_CHANGE in out, out
     # the baseline did not change: its census is the same in both reports
     assert run.test("test_plus")["census"]["baseline"] == first.test("test_plus")["census"]["baseline"]
 
 
-GRAPH_BREAK_CONFTEST = '''
-import contextlib, os
-import pytest
-from pytest_transformers_opt.techniques import Technique
-from pytest_transformers_opt.techniques.compilation import Compile
-
-
-class CompileWithHook(Compile):
-    name = "compile_with_hook"
-    load_time = True  # after_load runs for a technique that is part of the loaded model
-
-    def after_load(self, model):
-        if os.environ.get("ITEM_IN_ATTENTION"):  # a .item() in a forward hook: dynamo cannot trace it
-            def read_a_number(module, args, output):
-                (output[0] if isinstance(output, tuple) else output).sum().item()
-
-            model.model.layers[0].self_attn.register_forward_hook(read_a_number)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_opt_register_techniques(registry):
-    registry.register(CompileWithHook)
-'''
+GRAPH_BREAK_CONFTEST = item_hook_conftest('os.environ.get("ITEM_IN_ATTENTION")')
 
 COMPILE_TEST = '''
 import pytest
@@ -210,6 +157,8 @@ def test_the_census_runs_once_a_test_outside_every_timed_round_and_is_stable_acr
         assert row["optimized"]["rounds"] == 4 and len(row["optimized"]["latency_samples_s"]) == 4
     # the second test reuses the session's loaded, warmed model: its census is the first's exactly
     first, second = run.test("test_first")["census"], run.test("test_second")["census"]
+    # the baseline is counted once a session: the second test reuses the first's count, and took no time for it
+    assert first.pop("seconds")["baseline"] > 0 and second.pop("seconds")["baseline"] is None
     assert first == second and first["optimized"] != first["baseline"]
     # a static cache's decode step writes into its preallocated tensors: no concatenation of the cache
     assert first["optimized"]["ops_per_step"].get("aten::cat", 0) < first["baseline"]["ops_per_step"]["aten::cat"]

@@ -13,46 +13,11 @@ from typing import Any
 
 import pytest
 
+from census_techniques import MATMUL_CHANGE, extra_matmul_conftest  # noqa: E402
 from benchmark_scripts import ab_study  # noqa: E402  (tests/ is on sys.path): the reference wrapper
 from pytest_transformers_opt.engine.ab_worker import CRASH_ENV
 
-CANDIDATE_MATMUL_CONFTEST = '''
-import contextlib, sys
-import pytest
-import torch
-from pytest_transformers_opt.techniques.attention import Sdpa
-
-IN_REFERENCE = sys.argv[0].endswith("ab_worker.py")
-
-
-class SdpaPlus(Sdpa):
-    name = "sdpa_plus"
-    implementation = "sdpa"
-    summary = "sdpa, and in the candidate's environment one more matmul per decoder layer"
-
-    @contextlib.contextmanager
-    def around_generate(self, model):
-        if IN_REFERENCE:
-            yield
-            return
-        weight = next(model.parameters())  # the identity made before the generate call: only the matmul counts
-        eye = torch.eye(model.config.hidden_size, dtype=weight.dtype, device=weight.device)
-        def hook(module, args, output):
-            hidden = output[0] if isinstance(output, tuple) else output
-            changed = torch.matmul(hidden, eye)
-            return (changed, *output[1:]) if isinstance(output, tuple) else changed
-        handles = [layer.register_forward_hook(hook) for layer in model.model.layers]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_opt_register_techniques(registry):
-    registry.register(SdpaPlus)
-'''
+CANDIDATE_MATMUL_CONFTEST = extra_matmul_conftest('not sys.argv[0].endswith("ab_worker.py")')  # the candidate only
 
 PLUS_TEST = '''
 import pytest
@@ -62,8 +27,6 @@ def test_plus(opt_bench):
     opt_bench(prompts=["The cat sees"], max_new_tokens=4)
 '''
 
-# tiny-random-llama has two decoder layers: one matmul each, in every decode step
-MATMUL_CHANGE = "aten::matmul +2 per step (0 -> 2)"
 
 
 def _reference(folder: Path) -> str:

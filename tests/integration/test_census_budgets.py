@@ -6,30 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from census_techniques import item_hook_conftest  # tests/ is on sys.path
 import pytest
 
 # A user's compile whose model has a .item() in a forward hook of its first attention: dynamo cannot trace it and
 # breaks the compiled forward there (the hook and workload of test_census.py: inductor's cache holds their graphs).
-ITEM_HOOK_CONFTEST = '''
-import pytest
-from pytest_transformers_opt.techniques.compilation import Compile
-
-
-class CompileWithHook(Compile):
-    name = "compile_with_hook"
-    load_time = True  # after_load runs for a technique that is part of the loaded model
-
-    def after_load(self, model):
-        def read_a_number(module, args, output):
-            (output[0] if isinstance(output, tuple) else output).sum().item()
-
-        model.model.layers[0].self_attn.register_forward_hook(read_a_number)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_opt_register_techniques(registry):
-    registry.register(CompileWithHook)
-'''
+ITEM_HOOK_CONFTEST = item_hook_conftest("True")
 
 BROKEN_COMPILE_TEST = '''
 import pytest

@@ -21,54 +21,20 @@ from typing import Any
 
 import pytest
 
+from census_techniques import MATMUL_CHANGE, extra_matmul_conftest  # tests/ is on sys.path
 from pytest_transformers_opt.report.schema import validate_report
 
 EXTRA_MATMUL = "CENSUS_WINDOW_EXTRA_MATMUL"
-CONFTEST = f'''
-import contextlib, os
-import torch
-from pytest_transformers_opt.techniques.attention import Sdpa
-
-
-class MatmulPerLayer(Sdpa):
-    """sdpa attention; with {EXTRA_MATMUL} set, one more matmul in every decoder layer's forward."""
-    name = "matmul_per_layer"
-    implementation = "sdpa"
-    summary = "sdpa, and with {EXTRA_MATMUL} set one more matmul per decoder layer"
-
-    @contextlib.contextmanager
-    def around_generate(self, model):
-        if not os.environ.get("{EXTRA_MATMUL}"):
-            yield
-            return
-        # made outside the generate call: the census counts only the matmul
-        identity = torch.eye(model.config.hidden_size, dtype=model.dtype, device=model.device)
-
-        def hook(module, args, output):
-            hidden = output[0] if isinstance(output, tuple) else output
-            same = torch.matmul(hidden, identity)
-            return (same, *output[1:]) if isinstance(output, tuple) else same
-
-        handles = [layer.register_forward_hook(hook) for layer in model.model.layers]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-
-
-def pytest_opt_register_techniques(registry):
-    registry.register(MatmulPerLayer)
-'''
+CONFTEST = extra_matmul_conftest(f'os.environ.get("{EXTRA_MATMUL}")')
 TEST = '''
 import pytest
 
-@pytest.mark.optimization("matmul_per_layer")
+@pytest.mark.optimization("sdpa_plus")
 def test_layers(opt_bench):
     opt_bench(prompts=["The cat sees"], max_new_tokens=5)
 '''
 NODEID = "test_user.py::test_layers"
-ADDED = "aten::matmul +2 per step (0 -> 2)"  # tiny-random-llama's two decoder layers, once each per decode step
+ADDED = MATMUL_CHANGE
 # the window's latencies as factors of the recorded run's: half as long, with a quiet spread (1.5%), so today's
 # run is twice as slow as the window on any machine
 FASTER_WINDOW = [0.5 * f for f in (0.98, 0.99, 0.99, 1.0, 1.0, 1.0, 1.01, 1.02)]
